@@ -1,0 +1,163 @@
+"""Every error pystream raises, as classes the user can catch.
+
+All derive from :class:`StreamError`. Broker answers carry the protocol's
+response code in ``code``; errors found in received bytes carry the byte
+``position`` where the decoder stopped.
+"""
+
+from __future__ import annotations
+
+
+class StreamError(Exception):
+    """Base class of every pystream error."""
+
+    code: int | None = None
+
+    def __init__(self, message: str = "", *, code: int | None = None,
+                 position: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.position = position
+
+
+# --- the connection ---------------------------------------------------------
+
+class ConnectionLost(StreamError):
+    """The socket closed, the peer went silent past two heartbeats, or the
+    broker stayed away longer than the recovery timeout."""
+
+
+class ConnectionClosed(StreamError):
+    """The broker closed the connection with a Close command (reason in the
+    message, response code in ``code``)."""
+
+
+class RequestTimeout(StreamError):
+    """The broker did not answer a request in time."""
+
+
+class UnsupportedFeature(StreamError):
+    """The broker is too old for the requested feature; refused before anything
+    is sent, so the connection stays usable."""
+
+
+# --- bytes from the peer ----------------------------------------------------
+
+class ProtocolError(StreamError):
+    """The peer sent bytes that break the stream protocol."""
+
+
+class TruncatedFrame(ProtocolError):
+    """A frame ends before the fields its layout requires."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame is larger than the negotiated frame_max (also the broker's
+    answer, code 14, to a frame of ours that it found too large)."""
+
+
+class CorruptChunk(StreamError):
+    """A chunk fails its checks: magic byte, lengths, CRC-32, codec."""
+
+
+class DecompressionLimit(CorruptChunk):
+    """A compressed sub-batch would decompress past the configured limit, or
+    not to its announced size."""
+
+
+class MalformedMessage(StreamError):
+    """An AMQP 1.0 message inside an entry cannot be decoded."""
+
+
+# --- broker answers (response codes) ----------------------------------------
+
+class ResponseError(StreamError):
+    """The broker answered a request with a response code other than OK."""
+
+
+class StreamDoesNotExist(ResponseError):
+    code = 0x02
+
+
+class SubscriptionIdAlreadyExists(ResponseError):
+    code = 0x03
+
+
+class SubscriptionIdDoesNotExist(ResponseError):
+    code = 0x04
+
+
+class StreamAlreadyExists(ResponseError):
+    code = 0x05
+
+
+class StreamNotAvailable(ResponseError):
+    code = 0x06
+
+
+class SaslMechanismNotSupported(ResponseError):
+    code = 0x07
+
+
+class AuthenticationFailure(ResponseError):
+    code = 0x08
+
+
+class SaslError(ResponseError):
+    code = 0x09
+
+
+class AuthenticationFailureLoopback(AuthenticationFailure):
+    """The user (e.g. guest) may only connect from localhost."""
+    code = 0x0B
+
+
+class VirtualHostAccessFailure(ResponseError):
+    code = 0x0C
+
+
+class UnknownFrame(ResponseError):
+    code = 0x0D
+
+
+class InternalError(ResponseError):
+    code = 0x0F
+
+
+class AccessRefused(ResponseError):
+    code = 0x10
+
+
+class PreconditionFailed(ResponseError):
+    code = 0x11
+
+
+class PublisherDoesNotExist(ResponseError):
+    code = 0x12
+
+
+class NoOffset(ResponseError):
+    """No offset is stored for this consumer name on this stream."""
+    code = 0x13
+
+
+_BY_CODE: dict[int, type[StreamError]] = {
+    cls.code: cls for cls in (
+        StreamDoesNotExist, SubscriptionIdAlreadyExists,
+        SubscriptionIdDoesNotExist, StreamAlreadyExists, StreamNotAvailable,
+        SaslMechanismNotSupported, AuthenticationFailure, SaslError,
+        AuthenticationFailureLoopback, VirtualHostAccessFailure, UnknownFrame,
+        InternalError, AccessRefused, PreconditionFailed,
+        PublisherDoesNotExist, NoOffset,
+    )
+}
+_BY_CODE[0x0E] = FrameTooLarge
+
+
+def error_for_code(code: int, context: str) -> StreamError:
+    """The exception for a broker response code, its message naming what was
+    asked (``context``) and the code."""
+    cls = _BY_CODE.get(code, ResponseError)
+    return cls(f"{context}: {cls.__name__} (response code {code:#04x})",
+               code=code)
