@@ -1,0 +1,816 @@
+"""The RabbitMQ Stream protocol's commands: the one place that knows their
+byte layouts (the Deliver chunk inside is the C core's, ``csrc/``).
+
+A frame is ``u32 size | u16 key | u16 version | body``, big-endian; a
+response's key is its request's key with bit 15 set. Each command is a frozen
+dataclass whose ``FIELDS`` list the body in wire order, so one generic
+encoder and decoder serve all of them (``encode`` / ``decode``).
+
+Primitive types, as the protocol reference names them: ``string`` is an i16
+length and UTF-8 bytes (-1: null), ``bytes`` an i32 length (-1: null), an
+array an i32 count then its items, a map an i32 count of key/value pairs.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .errors import ProtocolError, TruncatedFrame
+
+RESPONSE_BIT = 0x8000
+RESPONSE_OK = 0x01
+RESPONSE_SASL_CHALLENGE = 0x0A
+
+# Offset specification types (Subscribe, ConsumerUpdate response).
+OFFSET_NONE = 0
+OFFSET_FIRST = 1
+OFFSET_LAST = 2
+OFFSET_NEXT = 3
+OFFSET_OFFSET = 4
+OFFSET_TIMESTAMP = 5
+
+
+class Reader:
+    """Reads a frame body; every read past its end is a ``TruncatedFrame``."""
+
+    __slots__ = ("buf", "pos", "what")
+
+    def __init__(self, buf: bytes | memoryview, pos: int, what: str) -> None:
+        self.buf = memoryview(buf)
+        self.pos = pos
+        self.what = what
+
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise TruncatedFrame(
+                f"{self.what}: needs {n} bytes at {self.pos}, frame has "
+                f"{len(self.buf)}", position=self.pos)
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, st: struct.Struct) -> Any:
+        return st.unpack(self.take(st.size))[0]
+
+
+class Writer:
+    __slots__ = ("out",)
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def pack(self, st: struct.Struct, value: int) -> None:
+        self.out += st.pack(value)
+
+
+# --- wire types --------------------------------------------------------------
+
+class WireType:
+    def write(self, w: Writer, value: Any) -> None:
+        raise NotImplementedError
+
+    def read(self, r: Reader) -> Any:
+        raise NotImplementedError
+
+
+class Int(WireType):
+    def __init__(self, fmt: str) -> None:
+        self.st = struct.Struct(">" + fmt)
+
+    def write(self, w: Writer, value: int) -> None:
+        try:
+            w.pack(self.st, value)
+        except struct.error as exc:
+            raise ValueError(f"{value!r} does not fit {self.st.format}") from exc
+
+    def read(self, r: Reader) -> int:
+        return r.unpack(self.st)
+
+
+U8, U16, U32, U64 = Int("B"), Int("H"), Int("I"), Int("Q")
+I16, I32, I64 = Int("h"), Int("i"), Int("q")
+
+
+class String(WireType):
+    def write(self, w: Writer, value: str | None) -> None:
+        if value is None:
+            w.pack(I16.st, -1)
+            return
+        data = value.encode()
+        if len(data) > 0x7FFF:
+            raise ValueError(f"string of {len(data)} bytes exceeds 32767")
+        w.pack(I16.st, len(data))
+        w.out += data
+
+    def read(self, r: Reader) -> str | None:
+        n = I16.read(r)
+        if n < 0:
+            return None
+        try:
+            return str(r.take(n), "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"{r.what}: string is not UTF-8",
+                                position=r.pos - n) from exc
+
+
+class Bytes(WireType):
+    def write(self, w: Writer, value: bytes | None) -> None:
+        if value is None:
+            w.pack(I32.st, -1)
+            return
+        w.pack(I32.st, len(value))
+        w.out += value
+
+    def read(self, r: Reader) -> bytes | None:
+        n = I32.read(r)
+        return None if n < 0 else bytes(r.take(n))
+
+
+STRING, BYTES = String(), Bytes()
+
+
+class Array(WireType):
+    def __init__(self, item: WireType) -> None:
+        self.item = item
+
+    def write(self, w: Writer, value: list | tuple) -> None:
+        w.pack(I32.st, len(value))
+        for v in value:
+            self.item.write(w, v)
+
+    def read(self, r: Reader) -> tuple:
+        n = I32.read(r)
+        if n < 0 or n > r.remaining():  # every item takes at least one byte
+            raise TruncatedFrame(f"{r.what}: array of {n} items in "
+                                 f"{r.remaining()} bytes", position=r.pos)
+        return tuple(self.item.read(r) for _ in range(n))
+
+
+class Map(WireType):
+    def __init__(self, key: WireType, value: WireType) -> None:
+        self.pair = Array(Pair(key, value))
+
+    def write(self, w: Writer, value: dict) -> None:
+        self.pair.write(w, list(value.items()))
+
+    def read(self, r: Reader) -> dict:
+        return dict(self.pair.read(r))
+
+
+class Pair(WireType):
+    def __init__(self, first: WireType, second: WireType) -> None:
+        self.first, self.second = first, second
+
+    def write(self, w: Writer, value: tuple) -> None:
+        self.first.write(w, value[0])
+        self.second.write(w, value[1])
+
+    def read(self, r: Reader) -> tuple:
+        return self.first.read(r), self.second.read(r)
+
+
+class Record(WireType):
+    """A nested record given as a dataclass with its own FIELDS."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+
+    def write(self, w: Writer, value: Any) -> None:
+        write_fields(w, value, value.FIELDS)
+
+    def read(self, r: Reader) -> Any:
+        return self.cls(**read_fields(r, self.cls.FIELDS))
+
+
+class Trailing(WireType):
+    """A last field the broker leaves out when it is empty (Open's
+    properties, SaslAuthenticate's challenge, Subscribe's properties)."""
+
+    def __init__(self, inner: WireType, empty: Any) -> None:
+        self.inner, self.empty = inner, empty
+
+    def write(self, w: Writer, value: Any) -> None:
+        if value != self.empty:
+            self.inner.write(w, value)
+
+    def read(self, r: Reader) -> Any:
+        return self.inner.read(r) if r.remaining() else self.empty
+
+
+class Rest(WireType):
+    """Everything to the end of the frame, untouched (a Deliver's chunk)."""
+
+    def write(self, w: Writer, value: bytes) -> None:
+        w.out += value
+
+    def read(self, r: Reader) -> bytes:
+        return bytes(r.take(r.remaining()))
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a subscription starts: ``OFFSET_FIRST/LAST/NEXT`` carry no value;
+    ``OFFSET_OFFSET`` an offset, ``OFFSET_TIMESTAMP`` milliseconds since the
+    epoch."""
+
+    type: int
+    value: int = 0
+
+    def __post_init__(self) -> None:
+        if not OFFSET_NONE <= self.type <= OFFSET_TIMESTAMP:
+            raise ValueError(f"unknown offset type {self.type}")
+
+
+class OffsetSpecType(WireType):
+    def write(self, w: Writer, value: OffsetSpec) -> None:
+        U16.write(w, value.type)
+        if value.type == OFFSET_OFFSET:
+            U64.write(w, value.value)
+        elif value.type == OFFSET_TIMESTAMP:
+            I64.write(w, value.value)
+
+    def read(self, r: Reader) -> OffsetSpec:
+        kind = U16.read(r)
+        if kind == OFFSET_OFFSET:
+            return OffsetSpec(kind, U64.read(r))
+        if kind == OFFSET_TIMESTAMP:
+            return OffsetSpec(kind, I64.read(r))
+        if kind > OFFSET_TIMESTAMP:
+            raise ProtocolError(f"{r.what}: unknown offset type {kind}",
+                                position=r.pos - 2)
+        return OffsetSpec(kind)
+
+
+class RouteStreams(WireType):
+    """Route answers: a list of streams on 3.11+, one string before."""
+
+    def write(self, w: Writer, value: tuple) -> None:
+        Array(STRING).write(w, value)
+
+    def read(self, r: Reader) -> tuple:
+        if r.remaining() >= 2:
+            n = I16.st.unpack(r.buf[r.pos:r.pos + 2])[0]
+            if n + 2 == r.remaining():  # an array needs at least 4 bytes
+                return (STRING.read(r),)
+        return Array(STRING).read(r)
+
+
+STRING_MAP = Map(STRING, STRING)
+OFFSET_SPEC = OffsetSpecType()
+
+
+def write_fields(w: Writer, obj: Any, spec: tuple) -> None:
+    for name, wire in spec:
+        wire.write(w, getattr(obj, name))
+
+
+def read_fields(r: Reader, spec: tuple) -> dict[str, Any]:
+    return {name: wire.read(r) for name, wire in spec}
+
+
+# --- commands ----------------------------------------------------------------
+
+COMMANDS: dict[int, type[Command]] = {}
+
+
+@dataclass(frozen=True)
+class Command:
+    KEY: ClassVar[int]
+    FIELDS: ClassVar[tuple]
+    # Versions whose layout differs list their fields here.
+    FIELDS_BY_VERSION: ClassVar[dict[int, tuple]] = {}
+
+    version: int = field(default=1, kw_only=True)
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "KEY" in cls.__dict__:
+            COMMANDS[cls.KEY] = cls
+
+    @classmethod
+    def fields_for(cls, version: int) -> tuple:
+        return cls.FIELDS_BY_VERSION.get(version, cls.FIELDS)
+
+    @property
+    def response_code(self) -> int:
+        return getattr(self, "code", RESPONSE_OK)
+
+
+def encode(cmd: Command) -> bytes:
+    """The frame of ``cmd``, size prefix included."""
+    w = Writer()
+    w.out += b"\0\0\0\0"
+    U16.write(w, cmd.KEY)
+    U16.write(w, cmd.version)
+    write_fields(w, cmd, cmd.fields_for(cmd.version))
+    struct.pack_into(">I", w.out, 0, len(w.out) - 4)
+    return bytes(w.out)
+
+
+def decode(frame: bytes | memoryview) -> Command:
+    """Decode one frame given without its size prefix; raises
+    ``ProtocolError`` (``TruncatedFrame`` when short) on bad bytes."""
+    if len(frame) < 4:
+        raise TruncatedFrame(f"frame of {len(frame)} bytes has no key and "
+                             "version", position=0)
+    key, version = struct.unpack_from(">HH", frame, 0)
+    cls = COMMANDS.get(key)
+    if cls is None:
+        raise ProtocolError(f"unknown command key {key:#06x}", position=0)
+    r = Reader(frame, 4, cls.__name__)
+    cmd = cls(**read_fields(r, cls.fields_for(version)), version=version)
+    if r.remaining():
+        raise ProtocolError(f"{cls.__name__}: {r.remaining()} bytes left "
+                            f"after the last field", position=r.pos)
+    return cmd
+
+
+def frame_key(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise TruncatedFrame(f"frame of {len(frame)} bytes", position=0)
+    return struct.unpack_from(">H", frame, 0)[0]
+
+
+CORR = ("correlation_id", U32)
+CODE = ("code", U16)
+
+
+@dataclass(frozen=True)
+class Request(Command):
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class Response(Command):
+    """A response carrying only its code."""
+
+    correlation_id: int
+    code: int
+    FIELDS = (CORR, CODE)
+
+
+# 0x0001
+@dataclass(frozen=True)
+class DeclarePublisher(Request):
+    KEY = 0x0001
+    publisher_id: int
+    reference: str | None
+    stream: str
+    FIELDS = (CORR, ("publisher_id", U8), ("reference", STRING),
+              ("stream", STRING))
+
+
+class DeclarePublisherResponse(Response):
+    KEY = 0x8001
+
+
+@dataclass(frozen=True)
+class Message:
+    publishing_id: int
+    data: bytes
+    FIELDS = (("publishing_id", U64), ("data", BYTES))
+
+
+@dataclass(frozen=True)
+class FilteredMessage:
+    publishing_id: int
+    filter_value: str | None
+    data: bytes
+    FIELDS = (("publishing_id", U64), ("filter_value", STRING),
+              ("data", BYTES))
+
+
+# 0x0002 (v2 adds a filter value per message, RabbitMQ 3.13+)
+@dataclass(frozen=True)
+class Publish(Command):
+    KEY = 0x0002
+    publisher_id: int
+    messages: tuple
+    FIELDS = (("publisher_id", U8), ("messages", Array(Record(Message))))
+    FIELDS_BY_VERSION = {2: (("publisher_id", U8),
+                             ("messages", Array(Record(FilteredMessage))))}
+
+
+# 0x0003
+@dataclass(frozen=True)
+class PublishConfirm(Command):
+    KEY = 0x0003
+    publisher_id: int
+    publishing_ids: tuple
+    FIELDS = (("publisher_id", U8), ("publishing_ids", Array(U64)))
+
+
+@dataclass(frozen=True)
+class PublishingError:
+    publishing_id: int
+    code: int
+    FIELDS = (("publishing_id", U64), ("code", U16))
+
+
+# 0x0004
+@dataclass(frozen=True)
+class PublishError(Command):
+    KEY = 0x0004
+    publisher_id: int
+    errors: tuple
+    FIELDS = (("publisher_id", U8), ("errors", Array(Record(PublishingError))))
+
+
+# 0x0005
+@dataclass(frozen=True)
+class QueryPublisherSequence(Request):
+    KEY = 0x0005
+    reference: str
+    stream: str
+    FIELDS = (CORR, ("reference", STRING), ("stream", STRING))
+
+
+@dataclass(frozen=True)
+class QueryPublisherSequenceResponse(Response):
+    KEY = 0x8005
+    sequence: int
+    FIELDS = (CORR, CODE, ("sequence", U64))
+
+
+# 0x0006
+@dataclass(frozen=True)
+class DeletePublisher(Request):
+    KEY = 0x0006
+    publisher_id: int
+    FIELDS = (CORR, ("publisher_id", U8))
+
+
+class DeletePublisherResponse(Response):
+    KEY = 0x8006
+
+
+# 0x0007
+@dataclass(frozen=True)
+class Subscribe(Request):
+    KEY = 0x0007
+    subscription_id: int
+    stream: str
+    offset: OffsetSpec
+    credit: int
+    properties: dict = field(default_factory=dict)
+    FIELDS = (CORR, ("subscription_id", U8), ("stream", STRING),
+              ("offset", OFFSET_SPEC), ("credit", U16),
+              ("properties", Trailing(STRING_MAP, {})))
+
+
+class SubscribeResponse(Response):
+    KEY = 0x8007
+
+
+# 0x0008: the chunk is decoded by the C core; here it stays bytes.
+@dataclass(frozen=True)
+class Deliver(Command):
+    KEY = 0x0008
+    subscription_id: int
+    chunk: bytes
+    committed_chunk_id: int | None = None
+    FIELDS = (("subscription_id", U8), ("chunk", Rest()))
+    FIELDS_BY_VERSION = {2: (("subscription_id", U8),
+                             ("committed_chunk_id", U64), ("chunk", Rest()))}
+
+
+# 0x0009
+@dataclass(frozen=True)
+class Credit(Command):
+    KEY = 0x0009
+    subscription_id: int
+    credit: int
+    FIELDS = (("subscription_id", U8), ("credit", U16))
+
+
+# Sent only on failure, and without a correlation id.
+@dataclass(frozen=True)
+class CreditResponse(Command):
+    KEY = 0x8009
+    code: int
+    subscription_id: int
+    FIELDS = (CODE, ("subscription_id", U8))
+
+
+# 0x000a
+@dataclass(frozen=True)
+class StoreOffset(Command):
+    KEY = 0x000A
+    reference: str
+    stream: str
+    offset: int
+    FIELDS = (("reference", STRING), ("stream", STRING), ("offset", U64))
+
+
+# 0x000b
+@dataclass(frozen=True)
+class QueryOffset(Request):
+    KEY = 0x000B
+    reference: str
+    stream: str
+    FIELDS = (CORR, ("reference", STRING), ("stream", STRING))
+
+
+@dataclass(frozen=True)
+class QueryOffsetResponse(Response):
+    KEY = 0x800B
+    offset: int
+    FIELDS = (CORR, CODE, ("offset", U64))
+
+
+# 0x000c
+@dataclass(frozen=True)
+class Unsubscribe(Request):
+    KEY = 0x000C
+    subscription_id: int
+    FIELDS = (CORR, ("subscription_id", U8))
+
+
+class UnsubscribeResponse(Response):
+    KEY = 0x800C
+
+
+# 0x000d
+@dataclass(frozen=True)
+class Create(Request):
+    KEY = 0x000D
+    stream: str
+    arguments: dict
+    FIELDS = (CORR, ("stream", STRING), ("arguments", STRING_MAP))
+
+
+class CreateResponse(Response):
+    KEY = 0x800D
+
+
+# 0x000e
+@dataclass(frozen=True)
+class Delete(Request):
+    KEY = 0x000E
+    stream: str
+    FIELDS = (CORR, ("stream", STRING))
+
+
+class DeleteResponse(Response):
+    KEY = 0x800E
+
+
+# 0x000f
+@dataclass(frozen=True)
+class Metadata(Request):
+    KEY = 0x000F
+    streams: tuple
+    FIELDS = (CORR, ("streams", Array(STRING)))
+
+
+@dataclass(frozen=True)
+class Broker:
+    reference: int
+    host: str
+    port: int
+    FIELDS = (("reference", U16), ("host", STRING), ("port", U32))
+
+
+NO_LEADER = 0xFFFF
+
+
+@dataclass(frozen=True)
+class StreamMetadata:
+    stream: str
+    code: int
+    leader: int  # a Broker reference, NO_LEADER when there is none
+    replicas: tuple
+    FIELDS = (("stream", STRING), ("code", U16), ("leader", U16),
+              ("replicas", Array(U16)))
+
+
+@dataclass(frozen=True)
+class MetadataResponse(Command):
+    KEY = 0x800F
+    correlation_id: int
+    brokers: tuple
+    streams: tuple
+    FIELDS = (CORR, ("brokers", Array(Record(Broker))),
+              ("streams", Array(Record(StreamMetadata))))
+
+
+# 0x0010
+@dataclass(frozen=True)
+class MetadataUpdate(Command):
+    KEY = 0x0010
+    code: int
+    stream: str
+    FIELDS = (CODE, ("stream", STRING))
+
+
+# 0x0011
+@dataclass(frozen=True)
+class PeerProperties(Request):
+    KEY = 0x0011
+    properties: dict
+    FIELDS = (CORR, ("properties", STRING_MAP))
+
+
+@dataclass(frozen=True)
+class PeerPropertiesResponse(Response):
+    KEY = 0x8011
+    properties: dict
+    FIELDS = (CORR, CODE, ("properties", STRING_MAP))
+
+
+# 0x0012
+@dataclass(frozen=True)
+class SaslHandshake(Request):
+    KEY = 0x0012
+    FIELDS = (CORR,)
+
+
+@dataclass(frozen=True)
+class SaslHandshakeResponse(Response):
+    KEY = 0x8012
+    mechanisms: tuple
+    FIELDS = (CORR, CODE, ("mechanisms", Array(STRING)))
+
+
+# 0x0013
+@dataclass(frozen=True)
+class SaslAuthenticate(Request):
+    KEY = 0x0013
+    mechanism: str
+    data: bytes | None
+    FIELDS = (CORR, ("mechanism", STRING), ("data", BYTES))
+
+
+@dataclass(frozen=True)
+class SaslAuthenticateResponse(Response):
+    KEY = 0x8013
+    challenge: str = ""
+    FIELDS = (CORR, CODE, ("challenge", Trailing(STRING, "")))
+
+
+# 0x0014: the server proposes, the client answers with what it agrees on.
+@dataclass(frozen=True)
+class Tune(Command):
+    KEY = 0x0014
+    frame_max: int
+    heartbeat: int
+    FIELDS = (("frame_max", U32), ("heartbeat", U32))
+
+
+@dataclass(frozen=True)
+class TuneResponse(Tune):
+    KEY = 0x8014
+
+
+# 0x0015
+@dataclass(frozen=True)
+class Open(Request):
+    KEY = 0x0015
+    virtual_host: str
+    FIELDS = (CORR, ("virtual_host", STRING))
+
+
+@dataclass(frozen=True)
+class OpenResponse(Response):
+    KEY = 0x8015
+    properties: dict = field(default_factory=dict)
+    FIELDS = (CORR, CODE, ("properties", Trailing(STRING_MAP, {})))
+
+
+# 0x0016
+@dataclass(frozen=True)
+class Close(Request):
+    KEY = 0x0016
+    closing_code: int
+    reason: str
+    FIELDS = (CORR, ("closing_code", U16), ("reason", STRING))
+
+
+class CloseResponse(Response):
+    KEY = 0x8016
+
+
+# 0x0017
+@dataclass(frozen=True)
+class Heartbeat(Command):
+    KEY = 0x0017
+    FIELDS = ()
+
+
+# 0x0018
+@dataclass(frozen=True)
+class Route(Request):
+    KEY = 0x0018
+    routing_key: str
+    super_stream: str
+    FIELDS = (CORR, ("routing_key", STRING), ("super_stream", STRING))
+
+
+@dataclass(frozen=True)
+class RouteResponse(Response):
+    KEY = 0x8018
+    streams: tuple
+    FIELDS = (CORR, CODE, ("streams", RouteStreams()))
+
+
+# 0x0019
+@dataclass(frozen=True)
+class Partitions(Request):
+    KEY = 0x0019
+    super_stream: str
+    FIELDS = (CORR, ("super_stream", STRING))
+
+
+@dataclass(frozen=True)
+class PartitionsResponse(Response):
+    KEY = 0x8019
+    streams: tuple
+    FIELDS = (CORR, CODE, ("streams", Array(STRING)))
+
+
+# 0x001a: asked by the server (single active consumer), answered by us.
+@dataclass(frozen=True)
+class ConsumerUpdate(Request):
+    KEY = 0x001A
+    subscription_id: int
+    active: int
+    FIELDS = (CORR, ("subscription_id", U8), ("active", U8))
+
+
+@dataclass(frozen=True)
+class ConsumerUpdateResponse(Response):
+    KEY = 0x801A
+    offset: OffsetSpec
+    FIELDS = (CORR, CODE, ("offset", OFFSET_SPEC))
+
+
+@dataclass(frozen=True)
+class CommandVersion:
+    key: int
+    min_version: int
+    max_version: int
+    FIELDS = (("key", U16), ("min_version", U16), ("max_version", U16))
+
+
+# 0x001b (RabbitMQ 3.11+)
+@dataclass(frozen=True)
+class ExchangeCommandVersions(Request):
+    KEY = 0x001B
+    commands: tuple
+    FIELDS = (CORR, ("commands", Array(Record(CommandVersion))))
+
+
+@dataclass(frozen=True)
+class ExchangeCommandVersionsResponse(Response):
+    KEY = 0x801B
+    commands: tuple
+    FIELDS = (CORR, CODE, ("commands", Array(Record(CommandVersion))))
+
+
+# 0x001c (RabbitMQ 3.11+)
+@dataclass(frozen=True)
+class StreamStats(Request):
+    KEY = 0x001C
+    stream: str
+    FIELDS = (CORR, ("stream", STRING))
+
+
+@dataclass(frozen=True)
+class StreamStatsResponse(Response):
+    KEY = 0x801C
+    stats: dict
+    FIELDS = (CORR, CODE, ("stats", Map(STRING, I64)))
+
+
+# 0x001d (RabbitMQ 3.13+)
+@dataclass(frozen=True)
+class CreateSuperStream(Request):
+    KEY = 0x001D
+    name: str
+    partitions: tuple
+    binding_keys: tuple
+    arguments: dict
+    FIELDS = (CORR, ("name", STRING), ("partitions", Array(STRING)),
+              ("binding_keys", Array(STRING)), ("arguments", STRING_MAP))
+
+
+class CreateSuperStreamResponse(Response):
+    KEY = 0x801D
+
+
+# 0x001e (RabbitMQ 3.13+)
+@dataclass(frozen=True)
+class DeleteSuperStream(Request):
+    KEY = 0x001E
+    name: str
+    FIELDS = (CORR, ("name", STRING))
+
+
+class DeleteSuperStreamResponse(Response):
+    KEY = 0x801E
+
