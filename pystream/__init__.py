@@ -1,0 +1,34 @@
+"""pystream: the fastest way to read a RabbitMQ stream from Python.
+
+Deliver frames are decoded in C into Arrow columns; see README.md.
+"""
+
+from .client import Client, Endpoint, StreamInfo, connect
+from .errors import (AccessRefused, AuthenticationFailure,
+                     AuthenticationFailureLoopback, ConnectionClosed,
+                     ConnectionLost, CorruptChunk, DecompressionLimit,
+                     FrameTooLarge, InternalError, MalformedMessage, NoOffset,
+                     PreconditionFailed, ProtocolError, PublisherDoesNotExist,
+                     RequestTimeout, ResponseError, SaslError,
+                     SaslMechanismNotSupported, StreamAlreadyExists,
+                     StreamDoesNotExist, StreamError, StreamNotAvailable,
+                     SubscriptionIdAlreadyExists, SubscriptionIdDoesNotExist,
+                     TruncatedFrame, UnknownFrame, UnsupportedFeature,
+                     VirtualHostAccessFailure)
+from .uri import BrokerAddress, parse_uri
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "connect", "Client", "Endpoint", "StreamInfo",
+    "BrokerAddress", "parse_uri",
+    "StreamError", "ConnectionLost", "ConnectionClosed", "RequestTimeout",
+    "UnsupportedFeature", "ProtocolError", "TruncatedFrame", "FrameTooLarge",
+    "CorruptChunk", "DecompressionLimit", "MalformedMessage", "ResponseError",
+    "StreamDoesNotExist", "SubscriptionIdAlreadyExists",
+    "SubscriptionIdDoesNotExist", "StreamAlreadyExists", "StreamNotAvailable",
+    "SaslMechanismNotSupported", "AuthenticationFailure", "SaslError",
+    "AuthenticationFailureLoopback", "VirtualHostAccessFailure",
+    "UnknownFrame", "InternalError", "AccessRefused", "PreconditionFailed",
+    "PublisherDoesNotExist", "NoOffset",
+]

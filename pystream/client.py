@@ -1,0 +1,231 @@
+"""The user's handle on a broker: ``pystream.connect(uri) -> Client``.
+
+Admin operations live here; each one is a request of ``protocol`` sent over
+the ``Connection``, gated by ``features`` on brokers too old for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+from . import protocol as P
+from .connection import Connection
+from .errors import StreamDoesNotExist, StreamError, error_for_code
+from .uri import BrokerAddress, parse_uri
+
+# create_stream keyword -> the broker's queue argument.
+STREAM_ARGUMENTS = {
+    "max_length_bytes": "max-length-bytes",
+    "max_age": "max-age",
+    "stream_max_segment_size_bytes": "stream-max-segment-size-bytes",
+    "filter_size": "stream-filter-size-bytes",
+    "initial_cluster_size": "initial-cluster-size",
+    "leader_locator": "queue-leader-locator",
+}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """Where a stream lives, from ``Client.metadata``. ``error`` is set (and
+    leader None) when the broker reports the stream missing or unavailable."""
+
+    stream: str
+    leader: Endpoint | None
+    replicas: tuple[Endpoint, ...]
+    error: StreamError | None = None
+
+
+class Client:
+    """A connection to a broker with its admin operations. Use as a context
+    manager, or call ``close()``."""
+
+    def __init__(self, uri: str | BrokerAddress = "rabbitmq-stream://localhost", *,
+                 ssl_context: ssl.SSLContext | None = None,
+                 frame_max: int = 1 << 20,
+                 heartbeat: int = 60,
+                 connect_timeout: float = 10.0,
+                 request_timeout: float = 30.0,
+                 sasl_mechanism: str = "PLAIN",
+                 connection_name: str | None = None) -> None:
+        address = parse_uri(uri) if isinstance(uri, str) else uri
+        if ssl_context is not None and not address.tls:
+            address = BrokerAddress(**{**address.__dict__, "tls": True})
+        self.connection = Connection(
+            address, ssl_context=ssl_context, frame_max=frame_max,
+            heartbeat=heartbeat, connect_timeout=connect_timeout,
+            request_timeout=request_timeout, sasl_mechanism=sasl_mechanism,
+            connection_name=connection_name)
+        self.connection.open()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<pystream.Client {self.connection.address.uri()}>"
+
+    def close(self) -> None:
+        self.connection.close()
+
+    @property
+    def server_properties(self) -> dict[str, str]:
+        """What the broker said of itself: ``product``, ``version``, ..."""
+        return self.connection.server_properties
+
+    @property
+    def server_version(self) -> tuple[int, ...]:
+        return self.connection.features.version
+
+    def supports(self, feature: str) -> bool:
+        """Whether the broker has a feature of ``features.FIRST_RELEASE``."""
+        return self.connection.features.supports(feature)
+
+    def _request(self, make: Any, context: str) -> Any:
+        return self.connection.request(make, context)
+
+    # --- streams --------------------------------------------------------------
+
+    def create_stream(self, stream: str, *, exist_ok: bool = False,
+                      **arguments: Any) -> None:
+        """Create a stream. Keyword arguments: ``max_length_bytes``,
+        ``max_age`` (a ``timedelta`` or the broker's text such as ``"7D"``),
+        ``stream_max_segment_size_bytes``, ``filter_size`` (3.13+),
+        ``initial_cluster_size``, ``leader_locator``; other broker arguments
+        may be given with ``_`` for ``-``."""
+        if "filter_size" in arguments:
+            self.connection.features.require("filtering")
+        args = _stream_arguments(arguments)
+        try:
+            self._request(lambda c: P.Create(c, stream, args),
+                          f"create stream {stream!r}")
+        except StreamError as exc:
+            if not (exist_ok and exc.code == 0x05):
+                raise
+
+    def delete_stream(self, stream: str, *, missing_ok: bool = False) -> None:
+        try:
+            self._request(lambda c: P.Delete(c, stream),
+                          f"delete stream {stream!r}")
+        except StreamDoesNotExist:
+            if not missing_ok:
+                raise
+
+    def stream_exists(self, stream: str) -> bool:
+        info = self.metadata(stream)[stream]
+        return not isinstance(info.error, StreamDoesNotExist)
+
+    def metadata(self, *streams: str) -> dict[str, StreamInfo]:
+        answer = self._request(lambda c: P.Metadata(c, streams),
+                               f"metadata of {', '.join(streams)}")
+        brokers = {b.reference: Endpoint(b.host, b.port) for b in answer.brokers}
+        out = {}
+        for m in answer.streams:
+            error = (None if m.code == P.RESPONSE_OK
+                     else error_for_code(m.code, f"metadata of {m.stream!r}"))
+            out[m.stream] = StreamInfo(
+                m.stream, brokers.get(m.leader),
+                tuple(brokers[r] for r in m.replicas if r in brokers), error)
+        return out
+
+    def stream_stats(self, stream: str) -> dict[str, int]:
+        """The broker's figures for a stream (3.11+): ``first_chunk_id``,
+        ``committed_chunk_id``, ..."""
+        self.connection.features.require("stream_stats")
+        answer = self._request(lambda c: P.StreamStats(c, stream),
+                               f"stream stats of {stream!r}")
+        return dict(answer.stats)
+
+    # --- offsets and publisher sequences --------------------------------------
+
+    def query_offset(self, stream: str, reference: str) -> int:
+        """The offset stored for a consumer name; ``NoOffset`` if none."""
+        return self._request(lambda c: P.QueryOffset(c, reference, stream),
+                             f"query offset of {reference!r} on {stream!r}").offset
+
+    def store_offset(self, stream: str, reference: str, offset: int) -> None:
+        """Store a consumer's offset (the broker does not answer)."""
+        self.connection.send(P.StoreOffset(reference, stream, offset))
+
+    def query_publisher_sequence(self, stream: str, reference: str) -> int:
+        """The last publishing id the broker kept for a named producer, 0 if
+        it knows none."""
+        return self._request(
+            lambda c: P.QueryPublisherSequence(c, reference, stream),
+            f"query publisher sequence of {reference!r} on {stream!r}").sequence
+
+    # --- super streams ----------------------------------------------------------
+
+    def partitions(self, super_stream: str) -> list[str]:
+        return list(self._request(lambda c: P.Partitions(c, super_stream),
+                                  f"partitions of {super_stream!r}").streams)
+
+    def route(self, super_stream: str, routing_key: str) -> list[str]:
+        return list(self._request(
+            lambda c: P.Route(c, routing_key, super_stream),
+            f"route {routing_key!r} in {super_stream!r}").streams)
+
+    def create_super_stream(self, name: str, *, partitions: int | None = None,
+                            binding_keys: list[str] | None = None,
+                            exist_ok: bool = False, **arguments: Any) -> None:
+        """Create a super stream of ``partitions`` streams named ``name-0``..
+        (binding keys ``0``..), or one partition ``name-KEY`` per binding key.
+        Stream arguments as for ``create_stream``. RabbitMQ 3.13+."""
+        self.connection.features.require("super_stream_commands")
+        if (partitions is None) == (binding_keys is None):
+            raise ValueError("give either partitions=N or binding_keys=[...]")
+        if partitions is not None:
+            if partitions < 1:
+                raise ValueError("partitions must be >= 1")
+            binding_keys = [str(i) for i in range(partitions)]
+        assert binding_keys is not None
+        streams = tuple(f"{name}-{key}" for key in binding_keys)
+        args = _stream_arguments(arguments)
+        try:
+            self._request(
+                lambda c: P.CreateSuperStream(c, name, streams,
+                                              tuple(binding_keys), args),
+                f"create super stream {name!r}")
+        except StreamError as exc:
+            if not (exist_ok and exc.code == 0x05):
+                raise
+
+    def delete_super_stream(self, name: str, *, missing_ok: bool = False) -> None:
+        self.connection.features.require("super_stream_commands")
+        try:
+            self._request(lambda c: P.DeleteSuperStream(c, name),
+                          f"delete super stream {name!r}")
+        except StreamDoesNotExist:
+            if not missing_ok:
+                raise
+
+
+def _stream_arguments(arguments: dict[str, Any]) -> dict[str, str]:
+    return {STREAM_ARGUMENTS.get(k, k.replace("_", "-")): _argument(v)
+            for k, v in arguments.items()}
+
+
+def _argument(value: Any) -> str:
+    if isinstance(value, bool):
+        raise TypeError("stream arguments are numbers or text, not booleans")
+    if isinstance(value, dt.timedelta):
+        return f"{int(value.total_seconds())}s"
+    return str(value)
+
+
+def connect(uri: str | BrokerAddress = "rabbitmq-stream://localhost",
+            **options: Any) -> Client:
+    """Connect to a broker. Options: ``ssl_context``, ``frame_max``,
+    ``heartbeat`` (seconds), ``connect_timeout``, ``request_timeout``,
+    ``sasl_mechanism`` ("PLAIN" or "EXTERNAL"), ``connection_name``."""
+    return Client(uri, **options)

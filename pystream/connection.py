@@ -1,0 +1,353 @@
+"""One TCP (or TLS) connection to a broker.
+
+It runs the handshake (peer properties, SASL, Tune, Open), matches responses
+to requests by correlation id, sends heartbeats when the line is idle and
+declares the peer lost after two silent heartbeat intervals, and hands the
+frames the broker sends on its own (Deliver, PublishConfirm, MetadataUpdate,
+...) to the handlers registered for their key.
+
+A reader thread owns the socket's receive side: it reads into the C frame
+reader's buffer (``recv_into`` releases the GIL) and never blocks on the
+application.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import socket
+import ssl
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
+
+from . import protocol as P
+from ._core import FrameReader
+from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
+                     RequestTimeout, SaslMechanismNotSupported, StreamError,
+                     error_for_code)
+from .features import Features
+from .uri import BrokerAddress
+
+log = logging.getLogger("pystream")
+
+FrameHandler = Callable[[memoryview], None]
+
+# Command versions this client speaks, announced to 3.11+ brokers.
+CLIENT_COMMAND_VERSIONS = (
+    P.CommandVersion(P.Publish.KEY, 1, 2),
+    P.CommandVersion(P.Deliver.KEY, 1, 2),
+)
+
+
+def negotiate(client: int, server: int) -> int:
+    """Tune negotiation: 0 means no limit on either side; else the minimum."""
+    if client == 0 or server == 0:
+        return max(client, server)
+    return min(client, server)
+
+
+class Connection:
+    def __init__(self, address: BrokerAddress, *,
+                 ssl_context: ssl.SSLContext | None = None,
+                 frame_max: int = 1 << 20,
+                 heartbeat: int = 60,
+                 connect_timeout: float = 10.0,
+                 request_timeout: float = 30.0,
+                 sasl_mechanism: str = "PLAIN",
+                 connection_name: str | None = None) -> None:
+        if frame_max < 0 or heartbeat < 0:
+            raise ValueError("frame_max and heartbeat must be >= 0")
+        self.address = address
+        self.requested_frame_max = frame_max
+        self.requested_heartbeat = heartbeat
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.sasl_mechanism = sasl_mechanism
+        self.connection_name = connection_name
+        if address.tls and ssl_context is None:
+            ssl_context = ssl.create_default_context()
+        self.ssl_context = ssl_context
+
+        self.server_properties: dict[str, str] = {}
+        self.connection_properties: dict[str, str] = {}
+        self.features = Features("0")
+        self.command_versions: dict[int, tuple[int, int]] = {}
+        self.frame_max = 0
+        self.heartbeat = 0
+        self.heartbeats_received = 0
+
+        self._sock: socket.socket | None = None
+        self._reader = FrameReader(frame_max)
+        self._write_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._next_corr = 1
+        self._handlers: dict[int, FrameHandler] = {}
+        self._close_listeners: list[Callable[[StreamError | None], None]] = []
+        self._tune: Future = Future()
+        self._error: StreamError | None = None
+        self._closing = False  # we sent Close: the broker's EOF is expected
+        self._closed = threading.Event()
+        self._last_read = self._last_write = time.monotonic()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed.is_set() else "open"
+        return f"<Connection {self.address.uri()} {state}>"
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def open(self) -> None:
+        try:
+            self._connect_socket()
+            threading.Thread(target=self._read_loop, daemon=True,
+                             name=f"pystream-reader-{self.address.port}").start()
+            self._handshake()
+        except BaseException:
+            self._shutdown_socket()
+            raise
+        if self.heartbeat:
+            threading.Thread(target=self._heartbeat_loop, daemon=True,
+                             name="pystream-heartbeat").start()
+
+    def _connect_socket(self) -> None:
+        try:
+            sock = socket.create_connection(
+                (self.address.host, self.address.port),
+                timeout=self.connect_timeout)
+        except OSError as exc:
+            raise ConnectionLost(f"cannot connect to {self.address.uri()}: "
+                                 f"{exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            try:
+                sock = self.ssl_context.wrap_socket(
+                    sock, server_hostname=self.address.host)
+            except (ssl.SSLError, OSError) as exc:
+                sock.close()
+                raise ConnectionLost(f"TLS handshake with "
+                                     f"{self.address.uri()} failed: {exc}") from exc
+        sock.settimeout(None)  # the reader thread blocks; close() unblocks it
+        self._sock = sock
+
+    def _handshake(self) -> None:
+        from . import __version__
+        timeout = self.connect_timeout
+        props = {"product": "pystream", "version": __version__,
+                 "platform": f"Python {platform.python_version()}",
+                 "information": "pystream: RabbitMQ streams to Arrow"}
+        if self.connection_name:
+            props["connection_name"] = self.connection_name
+        peer = self.request(lambda c: P.PeerProperties(c, props),
+                            "peer properties", timeout=timeout)
+        self.server_properties = dict(peer.properties)
+        self.features = Features(self.server_properties.get("version", "0"))
+
+        mechanisms = self.request(P.SaslHandshake, "SASL handshake",
+                                  timeout=timeout).mechanisms
+        if self.sasl_mechanism not in mechanisms:
+            raise SaslMechanismNotSupported(
+                f"SASL mechanism {self.sasl_mechanism} is not offered by the "
+                f"broker (it offers {', '.join(mechanisms)})", code=0x07)
+        if self.sasl_mechanism == "PLAIN":
+            data = (b"\0" + self.address.username.encode() + b"\0"
+                    + self.address.password.encode())
+        else:
+            data = b""
+        self.request(
+            lambda c: P.SaslAuthenticate(c, self.sasl_mechanism, data),
+            f"authenticate user {self.address.username!r} with "
+            f"{self.sasl_mechanism}", timeout=timeout)
+
+        try:
+            tune = self._tune.result(timeout)
+        except FutureTimeout:
+            raise RequestTimeout("the broker sent no Tune after "
+                                 "authentication") from None
+        self.frame_max = negotiate(self.requested_frame_max, tune.frame_max)
+        self.heartbeat = negotiate(self.requested_heartbeat, tune.heartbeat)
+        self._reader.max_frame_size = self.frame_max
+        self.send(P.TuneResponse(self.frame_max, self.heartbeat))
+
+        opened = self.request(
+            lambda c: P.Open(c, self.address.virtual_host),
+            f"open virtual host {self.address.virtual_host!r}", timeout=timeout)
+        self.connection_properties = dict(opened.properties)
+
+        if self.features.supports("exchange_command_versions"):
+            answer = self.request(
+                lambda c: P.ExchangeCommandVersions(c, CLIENT_COMMAND_VERSIONS),
+                "exchange command versions", timeout=timeout)
+            self.command_versions = {
+                v.key: (v.min_version, v.max_version) for v in answer.commands}
+
+    def close(self, code: int = P.RESPONSE_OK, reason: str = "") -> None:
+        """Close politely (Close, wait for its answer) then drop the socket."""
+        if self._closed.is_set():
+            return
+        self._closing = True
+        try:
+            self.request(lambda c: P.Close(c, code, reason), "close",
+                         timeout=min(self.request_timeout, 5.0))
+        except StreamError:
+            pass  # the socket goes anyway
+        self._fail(None)
+
+    @property
+    def is_open(self) -> bool:
+        return not self._closed.is_set()
+
+    @property
+    def error(self) -> StreamError | None:
+        """Why the connection ended, None while open or after close()."""
+        return self._error
+
+    # --- frames ---------------------------------------------------------------
+
+    def on_frame(self, key: int, handler: FrameHandler) -> None:
+        """Route every frame with this key to ``handler`` (in the reader
+        thread; it must not block)."""
+        self._handlers[key] = handler
+
+    def on_close(self, listener: Callable[[StreamError | None], None]) -> None:
+        self._close_listeners.append(listener)
+
+    def send(self, cmd: P.Command) -> None:
+        self.send_bytes(P.encode(cmd))
+
+    def send_bytes(self, data: bytes) -> None:
+        self._check_open()
+        sock = self._sock
+        try:
+            if sock is None:
+                raise OSError("socket is closed")
+            with self._write_lock:
+                sock.sendall(data)
+                self._last_write = time.monotonic()
+        except OSError as exc:
+            err = ConnectionLost(f"send to {self.address.uri()} failed: {exc}")
+            self._fail(err)
+            raise err from exc
+
+    def request(self, make: Callable[[int], P.Request], context: str, *,
+                timeout: float | None = None) -> P.Response:
+        """Send the request ``make(correlation_id)`` and wait for its answer;
+        a response code other than OK raises its error class."""
+        future: Future = Future()
+        with self._state_lock:
+            self._check_open()
+            corr = self._next_corr
+            self._next_corr = corr + 1 if corr < 0xFFFFFFFF else 1
+            self._pending[corr] = future
+        try:
+            self.send(make(corr))
+            response = future.result(self.request_timeout
+                                     if timeout is None else timeout)
+        except FutureTimeout:
+            raise RequestTimeout(f"{context}: no answer from "
+                                 f"{self.address.uri()}") from None
+        finally:
+            with self._state_lock:
+                self._pending.pop(corr, None)
+        if response.response_code != P.RESPONSE_OK:
+            raise error_for_code(response.response_code, context)
+        return response
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise self._error or ConnectionClosed("the connection is closed")
+
+    def _read_loop(self) -> None:
+        sock, reader = self._sock, self._reader
+        assert sock is not None
+        try:
+            while True:
+                n = sock.recv_into(reader.writable())
+                if n == 0:
+                    raise ConnectionLost(f"{self.address.uri()} closed the "
+                                         "socket")
+                reader.commit(n)
+                self._last_read = time.monotonic()
+                while (frame := reader.next_frame()) is not None:
+                    self._dispatch(memoryview(frame))
+        except StreamError as exc:
+            self._fail(None if self._closing else exc)
+        except OSError as exc:
+            self._fail(None if self._closing else ConnectionLost(
+                f"reading from {self.address.uri()} failed: {exc}"))
+        except Exception as exc:  # a handler's bug must not hang requests
+            log.exception("pystream reader thread failed")
+            self._fail(ProtocolError(f"frame dispatch failed: {exc!r}"))
+
+    def _dispatch(self, frame: memoryview) -> None:
+        handler = self._handlers.get(P.frame_key(frame))
+        if handler is not None:
+            handler(frame)
+            return
+        cmd = P.decode(frame)
+        corr = getattr(cmd, "correlation_id", None)
+        if isinstance(cmd, P.Response) or isinstance(cmd, P.MetadataResponse):
+            with self._state_lock:
+                future = self._pending.get(corr)  # type: ignore[arg-type]
+            if future is None:
+                log.debug("answer to a request no longer waited for: %r", cmd)
+            elif not future.done():
+                future.set_result(cmd)
+        elif isinstance(cmd, P.Tune):
+            if not self._tune.done():
+                self._tune.set_result(cmd)
+        elif isinstance(cmd, P.Heartbeat):
+            self.heartbeats_received += 1
+        elif isinstance(cmd, P.Close):
+            self.send(P.CloseResponse(cmd.correlation_id, P.RESPONSE_OK))
+            self._fail(ConnectionClosed(
+                f"{self.address.uri()} closed the connection: {cmd.reason} "
+                f"(code {cmd.closing_code:#04x})", code=cmd.closing_code))
+        else:
+            log.debug("no handler for %r", cmd)
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat
+        while not self._closed.wait(min(interval / 4, 1.0)):
+            now = time.monotonic()
+            if now - self._last_read > 2 * interval:
+                self._fail(ConnectionLost(
+                    f"{self.address.uri()} sent nothing for {2 * interval} s "
+                    f"(two heartbeat intervals)"))
+                return
+            if now - self._last_write >= interval:
+                try:
+                    self.send(P.Heartbeat())
+                except StreamError:
+                    return
+
+    def _fail(self, error: StreamError | None) -> None:
+        """End the connection once: record why, drop the socket, wake every
+        waiter, tell the listeners."""
+        with self._state_lock:
+            if self._closed.is_set():
+                return
+            self._error = error
+            self._closed.set()
+            pending, self._pending = self._pending, {}
+        self._shutdown_socket()
+        failure = error or ConnectionClosed("the connection is closed")
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(failure)
+        if not self._tune.done():
+            self._tune.set_exception(failure)
+        for listener in self._close_listeners:
+            listener(error)
+
+    def _shutdown_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()

@@ -1,0 +1,265 @@
+"""The protocol client against the two real brokers."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+import pystream
+from pystream import protocol as P
+from pystream.uri import parse_uri
+
+from .conftest import BROKER_SCRIPT, BROKERS, MODERN_URI, broker_ctl
+
+EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10."}
+
+
+def test_handshake(client, broker):
+    props = client.server_properties
+    assert props["product"] == "RabbitMQ"
+    assert props["version"].startswith(EXPECTED_VERSION[broker])
+    conn = client.connection
+    assert conn.frame_max == 1 << 20
+    assert conn.heartbeat == 60
+    assert conn.connection_properties["advertised_port"] == str(
+        parse_uri(BROKERS[broker]).port)
+    assert "guest:guest" not in repr(client)
+
+
+def test_tune_takes_the_minimum(uri):
+    with pystream.connect(uri, frame_max=65536, heartbeat=5) as c:
+        assert (c.connection.frame_max, c.connection.heartbeat) == (65536, 5)
+    with pystream.connect(uri, frame_max=0, heartbeat=0) as c:
+        # 0 is "no limit" on our side: the broker's proposal stands.
+        assert c.connection.frame_max == 1 << 20
+        assert c.connection.heartbeat == 60
+
+
+def test_command_versions_only_on_new_brokers(client, broker):
+    if broker == "legacy":
+        assert client.connection.command_versions == {}
+    else:
+        assert client.connection.command_versions[P.Publish.KEY][1] >= 2
+
+
+def test_stream_lifecycle(client, stream_name):
+    client.create_stream(stream_name, max_length_bytes=10_000_000,
+                         max_age="1h", stream_max_segment_size_bytes=1_000_000)
+    assert client.stream_exists(stream_name)
+    with pytest.raises(pystream.StreamAlreadyExists) as info:
+        client.create_stream(stream_name, max_length_bytes=10_000_000,
+                             max_age="1h", stream_max_segment_size_bytes=1_000_000)
+    assert info.value.code == 0x05
+    client.create_stream(stream_name, exist_ok=True, max_length_bytes=10_000_000,
+                         max_age="1h", stream_max_segment_size_bytes=1_000_000)
+    info = client.metadata(stream_name, "no-such-stream")
+    assert info[stream_name].leader.port == client.connection.address.port
+    assert info[stream_name].error is None
+    assert isinstance(info["no-such-stream"].error, pystream.StreamDoesNotExist)
+    client.delete_stream(stream_name)
+    assert not client.stream_exists(stream_name)
+    with pytest.raises(pystream.StreamDoesNotExist):
+        client.delete_stream(stream_name)
+    client.delete_stream(stream_name, missing_ok=True)
+
+
+def test_precondition_failed_on_different_arguments(modern, stream_name):
+    modern.create_stream(stream_name, max_age="1h")
+    try:
+        with pytest.raises(pystream.PreconditionFailed):
+            modern.create_stream(stream_name, max_age="2h")
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_stream_stats(modern, stream_name):
+    modern.create_stream(stream_name)
+    try:
+        stats = modern.stream_stats(stream_name)
+        assert stats["first_chunk_id"] == -1  # empty stream
+        assert "committed_chunk_id" in stats
+        with pytest.raises(pystream.StreamDoesNotExist):
+            modern.stream_stats(stream_name + "-missing")
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_offsets(client, stream):
+    with pytest.raises(pystream.NoOffset):
+        client.query_offset(stream, "reader")
+    client.store_offset(stream, "reader", 0)
+    deadline = time.monotonic() + 5
+    while True:  # StoreOffset is not answered: poll until it shows
+        try:
+            assert client.query_offset(stream, "reader") == 0
+            break
+        except pystream.NoOffset:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_publisher_sequence(client, stream):
+    assert client.query_publisher_sequence(stream, "writer") == 0
+    conn = client.connection
+    confirmed = threading.Event()
+    conn.on_frame(P.PublishConfirm.KEY, lambda frame: confirmed.set())
+    conn.request(lambda c: P.DeclarePublisher(c, 1, "writer", stream), "declare")
+    conn.send(P.Publish(1, (P.Message(41, b"a"), P.Message(42, b"b"))))
+    assert confirmed.wait(10)
+    assert client.query_publisher_sequence(stream, "writer") == 42
+    conn.request(lambda c: P.DeletePublisher(c, 1), "delete publisher")
+
+
+def test_super_stream(modern):
+    name = f"super-{uuid.uuid4().hex[:8]}"
+    modern.create_super_stream(name, partitions=3)
+    try:
+        assert modern.partitions(name) == [f"{name}-0", f"{name}-1", f"{name}-2"]
+        assert modern.route(name, "2") == [f"{name}-2"]
+        assert modern.route(name, "no-such-key") == []
+        with pytest.raises(pystream.StreamAlreadyExists):
+            modern.create_super_stream(name, partitions=3)
+    finally:
+        modern.delete_super_stream(name)
+    with pytest.raises(pystream.StreamDoesNotExist):
+        modern.partitions(name)
+    regions = f"regions-{uuid.uuid4().hex[:8]}"
+    modern.create_super_stream(regions, binding_keys=["eu", "us"])
+    try:
+        assert modern.route(regions, "us") == [f"{regions}-us"]
+    finally:
+        modern.delete_super_stream(regions)
+
+
+def test_legacy_broker_refuses_newer_features_up_front(legacy, stream_name):
+    with pytest.raises(pystream.UnsupportedFeature, match="3.11"):
+        legacy.stream_stats("anything")
+    with pytest.raises(pystream.UnsupportedFeature, match="3.13"):
+        legacy.create_super_stream("s", partitions=2)
+    with pytest.raises(pystream.UnsupportedFeature, match="3.13"):
+        legacy.delete_super_stream("s")
+    with pytest.raises(pystream.UnsupportedFeature, match="3.13"):
+        legacy.create_stream(stream_name, filter_size=32)
+    # Nothing was sent: the broker did not drop the connection.
+    assert legacy.connection.is_open
+    assert not legacy.stream_exists(stream_name)
+    assert not legacy.supports("single_active_consumer")
+
+
+def test_wrong_password(uri):
+    bad = uri.replace("guest:guest@", "guest:wrong-password@")
+    with pytest.raises(pystream.AuthenticationFailure) as info:
+        pystream.connect(bad)
+    assert info.value.code == 0x08
+    assert "wrong-password" not in str(info.value)
+
+
+def test_unknown_vhost(uri):
+    with pytest.raises(pystream.VirtualHostAccessFailure) as info:
+        pystream.connect(uri + "no-such-vhost")
+    assert info.value.code == 0x0C
+
+
+def test_sasl_mechanism_not_offered(uri):
+    with pytest.raises(pystream.SaslMechanismNotSupported):
+        pystream.connect(uri, sasl_mechanism="NO-SUCH-MECHANISM")
+
+
+@pytest.fixture(scope="module")
+def reader_user():
+    """A user that may read but not configure, on both brokers."""
+    for broker in BROKERS:
+        try:
+            broker_ctl(broker, "add_user", "pystream-reader", "reader-pw")
+        except subprocess.CalledProcessError:
+            pass  # already there from an earlier run
+        broker_ctl(broker, "set_permissions", "-p", "/", "pystream-reader",
+                   "^$", "^$", ".*")
+    return "pystream-reader:reader-pw"
+
+
+def test_access_refused(uri, reader_user, stream_name):
+    with pystream.connect(uri.replace("guest:guest", reader_user)) as c:
+        with pytest.raises(pystream.AccessRefused) as info:
+            c.create_stream(stream_name)
+        assert info.value.code == 0x10
+
+
+def test_connection_refused_is_connection_lost():
+    with pytest.raises(pystream.ConnectionLost, match="cannot connect"):
+        pystream.connect("rabbitmq-stream://localhost:1/", connect_timeout=2)
+
+
+def test_short_heartbeat_keeps_the_connection(uri):
+    with pystream.connect(uri, heartbeat=1) as c:
+        assert c.connection.heartbeat == 1
+        time.sleep(3.5)
+        assert c.connection.is_open
+        assert c.connection.heartbeats_received >= 1
+        assert c.stream_exists("no-such-stream") is False
+
+
+def test_close_by_client(client):
+    conn = client.connection
+    client.close()
+    assert not conn.is_open
+    assert conn.error is None
+    with pytest.raises(pystream.ConnectionClosed):
+        client.stream_exists("x")
+    client.close()  # twice is fine
+
+
+def test_close_by_broker(broker):
+    name = f"close-me-{uuid.uuid4().hex[:8]}"
+    c = pystream.connect(BROKERS[broker], connection_name=name)
+    lost = threading.Event()
+    c.connection.on_close(lambda error: lost.set())
+    broker_ctl(broker, "close_all_connections", "test closes it")
+    assert lost.wait(30)
+    assert isinstance(c.connection.error,
+                      (pystream.ConnectionClosed, pystream.ConnectionLost))
+    with pytest.raises((pystream.ConnectionClosed, pystream.ConnectionLost)):
+        c.stream_exists("x")
+
+
+def test_requests_from_many_threads(client):
+    results = []
+
+    def ask():
+        for _ in range(20):
+            results.append(client.stream_exists("no-such-stream"))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [False] * 160
+
+
+def test_uri_defaults_reach_the_modern_broker():
+    if MODERN_URI != "rabbitmq-stream://guest:guest@localhost:5552/":
+        pytest.skip("modern broker is not on the default address")
+    with pystream.connect() as c:
+        assert c.server_properties["product"] == "RabbitMQ"
+
+
+def test_silent_broker_is_detected(broker):
+    """A broker that stops answering (SIGSTOP) is declared lost after two
+    heartbeat intervals; pending requests fail instead of hanging."""
+    c = pystream.connect(BROKERS[broker], heartbeat=1)
+    try:
+        subprocess.run([str(BROKER_SCRIPT), "pause", broker], check=True)
+        started = time.monotonic()
+        with pytest.raises(pystream.ConnectionLost, match="two heartbeat"):
+            c.stream_exists("x")
+        assert time.monotonic() - started < 5
+    finally:
+        subprocess.run([str(BROKER_SCRIPT), "resume", broker], check=True)
+    assert not c.connection.is_open
+    with pystream.connect(BROKERS[broker]) as again:  # the broker is back
+        assert again.connection.is_open
