@@ -1,0 +1,82 @@
+/* AMQP 1.0 message format (the bytes of one stream entry).
+ *
+ * A message is a sequence of sections, each a described value
+ * `00 <descriptor> <value>`; the descriptor is a small ulong 0x70..0x78
+ * (`00 53 xx`), a ulong (`00 80 <u64>`) or its symbolic name.  Every value
+ * starts with a constructor byte whose high nibble gives the width of what
+ * follows, so anything can be skipped without being understood.
+ *
+ * The scanner records where each section's value lies without allocating;
+ * the readers below decode single values on demand for the columns. */
+#ifndef PS_AMQP_H
+#define PS_AMQP_H
+
+#include "buf.h"
+
+enum {
+    PS_SEC_HEADER = 0x70,
+    PS_SEC_DELIVERY_ANNOTATIONS = 0x71,
+    PS_SEC_MESSAGE_ANNOTATIONS = 0x72,
+    PS_SEC_PROPERTIES = 0x73,
+    PS_SEC_APPLICATION_PROPERTIES = 0x74,
+    PS_SEC_DATA = 0x75,
+    PS_SEC_SEQUENCE = 0x76,
+    PS_SEC_VALUE = 0x77,
+    PS_SEC_FOOTER = 0x78,
+};
+
+/* One encoded value.  For described values, `code` and the payload are the
+ * underlying value's (the descriptor is dropped). */
+typedef struct ps_value {
+    const uint8_t *start;   /* first byte of the encoding (constructor) */
+    const uint8_t *end;     /* first byte after the value */
+    const uint8_t *p;       /* payload: fixed bytes, variable bytes, or the
+                               items of a list/map/array */
+    uint32_t len;           /* payload length in bytes */
+    uint32_t count;         /* list/map/array: number of items */
+    uint8_t code;           /* constructor (0x40 null, 0xa1 str8, ...) */
+    uint8_t elem;           /* array: element constructor (descriptor dropped) */
+} ps_value;
+
+/* Sections found in one message (start == NULL: absent). */
+typedef struct ps_amqp_msg {
+    ps_value header, message_annotations, properties, application_properties;
+    ps_value value;             /* first amqp-value or amqp-sequence */
+    const uint8_t *data;        /* payload of the first data section */
+    uint32_t data_len;
+    uint32_t data_sections;     /* > 1: the body is their concatenation */
+    uint64_t data_total;
+} ps_amqp_msg;
+
+/* Iterate the items of a list, map or array value: *it starts at NULL. */
+int ps_amqp_next_item(const ps_value *c, const uint8_t **it, uint32_t *i,
+                      ps_value *item);
+
+/* Find the sections of the message in [p, p+n).  0, or PS_E_AMQP with
+ * err->position relative to p. */
+int ps_amqp_scan(const uint8_t *p, size_t n, ps_amqp_msg *m, ps_error *err);
+
+/* Append the payloads of every data section of a scanned message. */
+void ps_amqp_concat_data(const uint8_t *p, size_t n, uint8_t *dst);
+
+/* The body bytes of a message without data sections: the payload of an
+ * amqp-value that is a string, symbol or binary, else the value's encoding. */
+void ps_amqp_value_body(const ps_amqp_msg *m, const uint8_t **p, uint32_t *n);
+
+/* Append the value as text (see docs/the rendering in amqp.c).  0, or -1 if
+ * the value is malformed (including strings that are not UTF-8). */
+int ps_amqp_render(const ps_value *v, ps_buf *out);
+
+/* Integer, boolean and timestamp readers for typed columns: 0 if the value
+ * has a matching type (null excluded), -1 otherwise. */
+int ps_amqp_int(const ps_value *v, int64_t *out);
+int ps_amqp_bool(const ps_value *v, int *out);
+int ps_amqp_timestamp(const ps_value *v, int64_t *ms);
+
+/* The bytes of a string, symbol or binary value: 0 or -1. */
+int ps_amqp_bytes(const ps_value *v, const uint8_t **p, uint32_t *n);
+
+/* Whether [p, p+n) is valid UTF-8. */
+int ps_utf8_valid(const uint8_t *p, size_t n);
+
+#endif

@@ -1,0 +1,187 @@
+#include <stdlib.h>
+#include <string.h>
+
+#include <lz4frame.h>
+#include <snappy-c.h>
+#include <zlib.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include "codec.h"
+#include "crc.h"
+
+struct ps_codecs {
+    z_stream z;
+    int z_ready;
+    LZ4F_dctx *lz4;
+    ZSTD_DCtx *zstd;
+};
+
+ps_codecs *ps_codecs_new(void)
+{
+    return calloc(1, sizeof(ps_codecs));
+}
+
+void ps_codecs_free(ps_codecs *c)
+{
+    if (!c)
+        return;
+    if (c->z_ready)
+        inflateEnd(&c->z);
+    LZ4F_freeDecompressionContext(c->lz4);
+    ZSTD_freeDCtx(c->zstd);
+    free(c);
+}
+
+/* gzip: one RFC 1952 member that must end exactly at the end of src. */
+static int gunzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
+                  size_t cap, size_t *out, uint64_t pos, ps_error *err)
+{
+    if (!c->z_ready) {
+        if (inflateInit2(&c->z, 16 + MAX_WBITS) != Z_OK)
+            return ps_fail(err, PS_E_NOMEM, pos, "zlib inflateInit2 failed");
+        c->z_ready = 1;
+    } else if (inflateReset(&c->z) != Z_OK) {
+        return ps_fail(err, PS_E_NOMEM, pos, "zlib inflateReset failed");
+    }
+    /* zlib counts in uInt; sub-batches are far below 4 GiB (limits) */
+    c->z.next_in = (Bytef *)src;
+    c->z.avail_in = (uInt)n;
+    c->z.next_out = dst;
+    c->z.avail_out = (uInt)cap;
+    int rc = inflate(&c->z, Z_FINISH);
+    *out = cap - c->z.avail_out;
+    if (rc == Z_STREAM_END)
+        return PS_OK;
+    if (rc == Z_BUF_ERROR && c->z.avail_out == 0)
+        return ps_fail(err, PS_E_LIMIT, pos,
+                       "gzip data decompresses past its announced length");
+    return ps_fail(err, PS_E_CHUNK, pos + (n - c->z.avail_in),
+                   "invalid or truncated gzip data");
+}
+
+/* snappy framing format: chunks of `u8 type | u24le length | data`.  Data
+ * chunks carry the masked CRC-32C of their uncompressed bytes. */
+static uint32_t snappy_mask(uint32_t crc)
+{
+    return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+static int unsnappy(const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
+                    size_t *out, uint64_t pos, ps_error *err)
+{
+    static const uint8_t ident[10] = {0xff, 6, 0, 0, 's', 'N', 'a', 'P', 'p', 'Y'};
+    size_t i = 0, o = 0;
+    if (n < sizeof ident || memcmp(src, ident, sizeof ident) != 0)
+        return ps_fail(err, PS_E_CHUNK, pos, "snappy frame lacks its stream identifier");
+    i = sizeof ident;
+    while (i < n) {
+        if (n - i < 4)
+            return ps_fail(err, PS_E_CHUNK, pos + i, "truncated snappy chunk header");
+        uint8_t type = src[i];
+        size_t len = src[i + 1] | (size_t)src[i + 2] << 8 | (size_t)src[i + 3] << 16;
+        uint64_t at = pos + i;
+        i += 4;
+        if (len > n - i)
+            return ps_fail(err, PS_E_CHUNK, at, "snappy chunk exceeds the sub-batch");
+        const uint8_t *d = src + i;
+        i += len;
+        if (type == 0xff) {
+            if (len != 6 || memcmp(d, ident + 4, 6) != 0)
+                return ps_fail(err, PS_E_CHUNK, at, "bad snappy stream identifier");
+            continue;
+        }
+        if (type >= 0x80)        /* padding and skippable chunks */
+            continue;
+        if (type > 0x01)
+            return ps_fail(err, PS_E_CHUNK, at, "reserved unskippable snappy chunk type");
+        if (len < 4)
+            return ps_fail(err, PS_E_CHUNK, at, "snappy data chunk too short for its CRC");
+        uint32_t want = d[0] | (uint32_t)d[1] << 8 | (uint32_t)d[2] << 16 |
+                        (uint32_t)d[3] << 24;
+        d += 4;
+        len -= 4;
+        size_t got;
+        if (type == 0x00) {
+            if (snappy_uncompressed_length((const char *)d, len, &got) != SNAPPY_OK)
+                return ps_fail(err, PS_E_CHUNK, at, "invalid snappy block");
+            if (got > cap - o)
+                return ps_fail(err, PS_E_LIMIT, at,
+                               "snappy data decompresses past its announced length");
+            if (snappy_uncompress((const char *)d, len, (char *)dst + o, &got) != SNAPPY_OK)
+                return ps_fail(err, PS_E_CHUNK, at, "invalid snappy block");
+        } else {
+            got = len;
+            if (got > cap - o)
+                return ps_fail(err, PS_E_LIMIT, at,
+                               "snappy data decompresses past its announced length");
+            memcpy(dst + o, d, got);
+        }
+        if (snappy_mask(ps_crc32c(dst + o, got)) != want)
+            return ps_fail(err, PS_E_CHUNK, at, "snappy chunk CRC-32C mismatch");
+        o += got;
+    }
+    *out = o;
+    return PS_OK;
+}
+
+/* lz4 frame format: one or more frames until src is used up. */
+static int unlz4(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
+                 size_t cap, size_t *out, uint64_t pos, ps_error *err)
+{
+    if (!c->lz4 && LZ4F_isError(LZ4F_createDecompressionContext(&c->lz4, LZ4F_VERSION)))
+        return ps_fail(err, PS_E_NOMEM, pos, "lz4 context allocation failed");
+    LZ4F_resetDecompressionContext(c->lz4);
+    size_t i = 0, o = 0;
+    for (;;) {
+        size_t in = n - i, outn = cap - o;
+        size_t hint = LZ4F_decompress(c->lz4, dst + o, &outn, src + i, &in, NULL);
+        if (LZ4F_isError(hint))
+            return ps_fail(err, PS_E_CHUNK, pos + i, "invalid lz4 frame data");
+        i += in;
+        o += outn;
+        if (hint == 0 && i == n)
+            break;
+        if (hint != 0 && o == cap)
+            return ps_fail(err, PS_E_LIMIT, pos + i,
+                           "lz4 data does not end at its announced length");
+        if (in == 0 && outn == 0)
+            return ps_fail(err, PS_E_CHUNK, pos + i, "truncated lz4 frame");
+    }
+    *out = o;
+    return PS_OK;
+}
+
+static int unzstd(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
+                  size_t cap, size_t *out, uint64_t pos, ps_error *err)
+{
+    if (!c->zstd && !(c->zstd = ZSTD_createDCtx()))
+        return ps_fail(err, PS_E_NOMEM, pos, "zstd context allocation failed");
+    size_t rc = ZSTD_decompressDCtx(c->zstd, dst, cap, src, n);
+    if (ZSTD_isError(rc)) {
+        if (ZSTD_getErrorCode(rc) == ZSTD_error_dstSize_tooSmall)
+            return ps_fail(err, PS_E_LIMIT, pos,
+                           "zstd data decompresses past its announced length");
+        return ps_fail(err, PS_E_CHUNK, pos, "invalid zstd data");
+    }
+    *out = rc;
+    return PS_OK;
+}
+
+int ps_decompress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
+                  uint8_t *dst, size_t cap, size_t *out_len, uint64_t pos,
+                  ps_error *err)
+{
+    switch (codec) {
+    case PS_CODEC_GZIP:
+        return gunzip(c, src, n, dst, cap, out_len, pos, err);
+    case PS_CODEC_SNAPPY:
+        return unsnappy(src, n, dst, cap, out_len, pos, err);
+    case PS_CODEC_LZ4:
+        return unlz4(c, src, n, dst, cap, out_len, pos, err);
+    case PS_CODEC_ZSTD:
+        return unzstd(c, src, n, dst, cap, out_len, pos, err);
+    default:
+        return ps_fail(err, PS_E_CHUNK, pos, "unknown sub-batch codec");
+    }
+}

@@ -1,0 +1,17 @@
+/* CRC-32 (IEEE 802.3, zlib's crc32) for chunk entries and CRC-32C
+ * (Castagnoli) for snappy's framing format.  Both come from ISA-L, whose
+ * PCLMULQDQ / VPCLMULQDQ folding runs at tens of GB/s and which dispatches
+ * to a portable table version on CPUs without them. */
+#ifndef PS_CRC_H
+#define PS_CRC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* zlib-compatible: ps_crc32(ps_crc32(0, a), b) == crc32 of a + b. */
+uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n);
+
+/* Plain CRC-32C of p (initial value all ones, final xor), as snappy uses. */
+uint32_t ps_crc32c(const uint8_t *p, size_t n);
+
+#endif

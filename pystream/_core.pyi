@@ -1,0 +1,54 @@
+"""Type stubs of pystream._core, the C-backed decoder."""
+
+from __future__ import annotations
+
+from typing import Iterable, Literal
+
+import pyarrow as pa
+
+Buffer = bytes | bytearray | memoryview
+Column = Literal["properties", "application_properties", "message_annotations", "header"]
+Body = Literal["view", "binary"]
+ErrorPolicy = Literal["raise", "skip", "raw"]
+
+def crc32(data: Buffer, value: int = 0) -> int:
+    """CRC-32 of ``data`` continuing from ``value``; same as zlib.crc32."""
+
+def schema(*, columns: Iterable[Column] | None = None, body: Body = "view",
+           error_policy: ErrorPolicy = "raise") -> pa.Schema: ...
+
+def decode(buffer: Buffer, *, crc: bool = True, amqp: bool = True,
+           start_offset: int = 0, columns: Iterable[Column] | None = None,
+           body: Body = "view", error_policy: ErrorPolicy = "raise",
+           max_subbatch_size: int = 64 << 20,
+           max_chunk_size: int = 1 << 30) -> pa.RecordBatch: ...
+
+class FrameReader:
+    max_frame_size: int
+    def __init__(self, max_frame_size: int = 1048576) -> None: ...
+    def writable(self, min_size: int = 65536) -> memoryview: ...
+    def commit(self, n: int) -> None: ...
+    def feed(self, data: Buffer) -> None: ...
+    def next_frame(self) -> bytes | None: ...
+    def buffered(self) -> int: ...
+
+class Chunk:
+    subscription_id: int
+    batch: pa.RecordBatch
+    first_offset: int
+    num_records: int
+    committed_chunk_id: int | None
+    timestamp: int
+    chunk_type: int
+    size: int
+    @property
+    def next_offset(self) -> int: ...
+
+class StreamDecoder(FrameReader):
+    def subscribe(self, subscription_id: int, *, crc: bool = True, amqp: bool = True,
+                  start_offset: int = 0, columns: Iterable[Column] | None = None,
+                  body: Body = "view", error_policy: ErrorPolicy = "raise",
+                  max_subbatch_size: int = 64 << 20,
+                  max_chunk_size: int = 1 << 30) -> None: ...
+    def unsubscribe(self, subscription_id: int) -> None: ...
+    def next_event(self) -> Chunk | bytes | None: ...
