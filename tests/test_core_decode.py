@@ -1,0 +1,188 @@
+"""pystream._core.decode and StreamDecoder on golden captures and crafted
+frames."""
+
+import pyarrow as pa
+import pytest
+
+from pystream._core import Chunk, StreamDecoder, decode, schema
+
+from .golden import (DELIVER_CAPTURES, amqp_data, chunk, deliver,
+                    deliver_expected, deliver_frames, simple_entry, sub_batch)
+
+ALL = ["properties", "application_properties", "message_annotations", "header"]
+
+
+@pytest.mark.parametrize("capture", DELIVER_CAPTURES)
+@pytest.mark.parametrize("body", ["view", "binary"])
+def test_golden_capture(capture, body):
+    expected = deliver_expected(capture)["records"]
+    batch = decode(deliver_frames(capture), columns=ALL, body=body,
+                   error_policy="raw")
+    assert batch.num_rows == len(expected)
+    rows = batch.to_pylist()
+    for exp, row in zip(expected, rows):
+        assert row["body"] == bytes.fromhex(exp["body"])
+        # raw entries are not AMQP: kept as they are and flagged
+        assert (row["error"] is not None) == (exp["kind"] == "raw")
+        if exp["kind"] == "amqp091":
+            props = row["properties"]
+            for key in ("message_id", "correlation_id", "content_type",
+                        "content_encoding", "reply_to"):
+                assert props[key] == exp[key]
+            created = props["creation_time"].timestamp() * 1000
+            assert created == exp["creation_time_ms"]
+            assert dict(row["application_properties"]) == {
+                k: str(v) for k, v in exp["app"].items()}
+            annotations = dict(row["message_annotations"])
+            assert annotations["x-routing-key"].startswith("golden-")
+    offsets = [r["offset"] for r in rows]
+    assert offsets[0] == 0
+    steps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert sorted(set(steps)) == [1, 2] and steps.count(2) == 1  # tracking gap
+
+
+@pytest.mark.parametrize("capture", DELIVER_CAPTURES)
+def test_golden_start_offset_and_raw_mode(capture):
+    wire = deliver_frames(capture)
+    full = decode(wire, error_policy="raw")
+    part = decode(wire, error_policy="raw", start_offset=100)
+    assert part.column("offset").to_pylist() == [
+        o for o in full.column("offset").to_pylist() if o >= 100]
+    assert part.column("body").to_pylist() == full.column("body").to_pylist()[-part.num_rows:]
+    skipped = decode(wire, error_policy="skip")
+    assert skipped.num_rows == full.num_rows - sum(
+        1 for r in deliver_expected(capture)["records"] if r["kind"] == "raw")
+    raw = decode(wire, amqp=False)
+    assert raw.num_rows == full.num_rows
+    assert raw.schema.names == ["offset", "chunk_timestamp", "body"]
+
+
+def test_schema_is_exact():
+    s = schema(columns=ALL)
+    assert str(s) == str(decode(b"", columns=ALL).schema)
+    assert [(f.name, str(f.type)) for f in s] == [
+        ("offset", "int64"), ("chunk_timestamp", "timestamp[us, tz=UTC]"),
+        ("body", "binary_view"),
+        ("properties", "struct<message_id: string, user_id: binary, to: string, "
+         "subject: string, reply_to: string, correlation_id: string, content_type: "
+         "string, content_encoding: string, absolute_expiry_time: timestamp[us, "
+         "tz=UTC], creation_time: timestamp[us, tz=UTC], group_id: string, "
+         "group_sequence: int64, reply_to_group_id: string>"),
+        ("application_properties", "map<string, string>"),
+        ("message_annotations", "map<string, string>"),
+        ("header", "struct<durable: bool, priority: int32, ttl: int64, "
+         "first_acquirer: bool, delivery_count: int64>")]
+    assert str(schema(body="binary").field("body").type) == "binary"
+    assert schema(error_policy="raw").names[-1] == "error"
+
+
+def test_columns_are_only_built_when_named():
+    wire = deliver(chunk([simple_entry(amqp_data(b"x"))]))
+    assert decode(wire).schema.names == ["offset", "chunk_timestamp", "body"]
+    assert decode(wire, columns=["header"]).schema.names[-1] == "header"
+    with pytest.raises(ValueError):
+        decode(wire, columns=["nope"])
+    with pytest.raises(ValueError):
+        decode(wire, columns=["header"], amqp=False)
+
+
+def test_sub_batches_offsets_and_timestamp():
+    bodies = [bytes([i]) * (i * 7) for i in range(10)]
+    entries = [simple_entry(amqp_data(bodies[0])),
+               sub_batch([amqp_data(b) for b in bodies[1:6]], codec=1),
+               sub_batch([amqp_data(b) for b in bodies[6:9]], codec=0),
+               simple_entry(amqp_data(bodies[9]))]
+    wire = deliver(chunk(entries, first_offset=1000, timestamp=1_234), version=2)
+    for body in ("view", "binary"):
+        b = decode(wire, body=body)
+        assert b.column("body").to_pylist() == bodies
+        assert b.column("offset").to_pylist() == list(range(1000, 1010))
+        assert b.column("chunk_timestamp").cast(pa.int64()).to_pylist() == [1_234_000] * 10
+        b = decode(wire, body=body, start_offset=1004)
+        assert b.column("body").to_pylist() == bodies[4:]
+
+
+def test_multiple_data_sections_concatenate_and_amqp_value_body():
+    two = amqp_data(b"hello ") + amqp_data(b"world, and more than twelve")
+    value = b"\x00\x53\x77\xa1\x05hello"
+    wire = deliver(chunk([simple_entry(two), simple_entry(value)]))
+    for body in ("view", "binary"):
+        assert decode(wire, body=body).column("body").to_pylist() == [
+            b"hello world, and more than twelve", b"hello"]
+
+
+def test_numpy_views_without_copy():
+    wire = deliver(chunk([simple_entry(amqp_data(b"a" * 20))] * 5, first_offset=7))
+    b = decode(wire)
+    offsets = b.column("offset").to_numpy(zero_copy_only=True)
+    assert offsets.tolist() == [7, 8, 9, 10, 11]
+    b.column("chunk_timestamp").to_numpy(zero_copy_only=True)
+
+
+def test_view_body_keeps_input_alive():
+    data = bytearray(deliver(chunk([simple_entry(amqp_data(b"z" * 100))])))
+    col = decode(data).column("body")
+    with pytest.raises(BufferError):
+        data.clear()            # pinned while the column points into it
+    del col
+    data.clear()
+
+
+def frames_of(*chunks):
+    return b"".join(chunks)
+
+
+def test_stream_decoder_events():
+    d = StreamDecoder()
+    d.subscribe(1, columns=["header"])
+    control = b"\x00\x00\x00\x06\x00\x17\x00\x01\x00\x00"
+    c1 = deliver(chunk([simple_entry(amqp_data(b"m%d" % i)) for i in range(3)],
+                       first_offset=10), subscription_id=1, version=2,
+                 committed_chunk_id=9)
+    other = deliver(chunk([simple_entry(amqp_data(b"x"))]), subscription_id=2)
+    wire = control + c1 + other
+    events = []
+    for i in range(0, len(wire), 7):        # arbitrary socket reads
+        view = d.writable()
+        piece = wire[i:i + 7]
+        view[:len(piece)] = piece
+        d.commit(len(piece))
+        while (e := d.next_event()) is not None:
+            events.append(e)
+    assert events[0] == control[4:]
+    ch = events[1]
+    assert isinstance(ch, Chunk)
+    assert (ch.subscription_id, ch.first_offset, ch.num_records, ch.next_offset,
+            ch.committed_chunk_id, ch.size) == (1, 10, 3, 13, 9, len(c1))
+    assert ch.batch.column("body").to_pylist() == [b"m0", b"m1", b"m2"]
+    assert events[2] == other[4:]            # unregistered subscription
+    d.unsubscribe(1)
+    d.feed(c1)
+    assert isinstance(d.next_event(), bytes)
+
+
+def test_stream_decoder_recycles_and_keeps_blocks():
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    body = b"q" * 1000
+    frame = deliver(chunk([simple_entry(amqp_data(body))] * 50))
+    kept = []
+    for i in range(200):                    # far more than one block
+        d.feed(frame)
+        ch = d.next_event()
+        if i % 40 == 0:
+            kept.append(ch.batch)
+    for batch in kept:                      # still intact after reuse
+        assert batch.column("body").to_pylist() == [body] * 50
+
+
+@pytest.mark.parametrize("capture", DELIVER_CAPTURES)
+def test_stream_decoder_golden(capture):
+    d = StreamDecoder()
+    for sub in range(4):
+        d.subscribe(sub, error_policy="raw")
+    d.feed(deliver_frames(capture))
+    rows = []
+    while (e := d.next_event()) is not None:
+        rows += e.batch.column("body").to_pylist()
+    assert rows == [bytes.fromhex(r["body"]) for r in deliver_expected(capture)["records"]]

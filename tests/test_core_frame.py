@@ -1,0 +1,131 @@
+"""FrameReader and crc32 of pystream._core."""
+
+import os
+import struct
+import zlib
+
+import pytest
+
+from pystream._core import FrameReader, crc32
+from pystream.errors import FrameTooLarge, ProtocolError, TruncatedFrame
+
+from .golden import DELIVER_CAPTURES, deliver_frames
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def drain(reader):
+    out = []
+    while (f := reader.next_frame()) is not None:
+        out.append(f)
+    return out
+
+
+def test_crc32_matches_zlib():
+    data = os.urandom(1 << 20)
+    for n in (0, 1, 3, 15, 16, 63, 64, 100, 1000, 4096, 65537, len(data)):
+        assert crc32(data[:n]) == zlib.crc32(data[:n])
+        assert crc32(memoryview(data)[:n], 12345) == zlib.crc32(data[:n], 12345)
+    assert crc32(bytearray(b"123456789")) == 0xCBF43926
+
+
+def test_crc32_continues():
+    data = os.urandom(10000)
+    assert crc32(data[5000:], crc32(data[:5000])) == zlib.crc32(data)
+
+
+def test_frames_split_byte_by_byte():
+    frames = [b"\x00\x08\x00\x01" + os.urandom(n) for n in (0, 1, 100, 70000)]
+    wire = b"".join(frame(f) for f in frames)
+    r = FrameReader()
+    got = []
+    for i in range(len(wire)):
+        r.feed(wire[i:i + 1])
+        got += drain(r)
+    assert got == frames
+    assert r.buffered() == 0
+
+
+def test_writable_commit_like_recv_into():
+    frames = [b"\x00\x0a\x00\x01" + os.urandom(n) for n in range(0, 300000, 7919)]
+    wire = b"".join(frame(f) for f in frames)
+    r = FrameReader(max_frame_size=0)
+    got, pos = [], 0
+    step = 1
+    while pos < len(wire):
+        view = r.writable(1024)
+        assert len(view) >= 1024
+        n = min(len(view), step, len(wire) - pos)
+        view[:n] = wire[pos:pos + n]
+        r.commit(n)
+        pos += n
+        step = step * 3 % 100003 + 1
+        got += drain(r)
+    assert got == frames
+
+
+def test_writable_grows_for_a_large_pending_frame():
+    big = b"\x00\x08\x00\x02" + os.urandom(5 << 20)
+    r = FrameReader(max_frame_size=0)
+    r.feed(frame(big)[:10])
+    assert len(r.writable(1)) >= len(big) - 6
+    r.feed(frame(big)[10:])
+    assert r.next_frame() == big
+
+
+def test_buffered_and_incomplete():
+    r = FrameReader()
+    r.feed(b"\x00\x00\x00\x05\x00\x08")
+    assert r.next_frame() is None
+    assert r.buffered() == 6
+    r.feed(b"\x00\x01\x07")
+    assert r.next_frame() == b"\x00\x08\x00\x01\x07"
+    assert r.buffered() == 0
+
+
+def test_commit_beyond_writable_is_refused():
+    r = FrameReader()
+    n = len(r.writable())
+    with pytest.raises(ValueError):
+        r.commit(n + 1)
+
+
+def test_frame_too_large_has_position():
+    r = FrameReader(max_frame_size=100)
+    r.feed(frame(b"\x00\x08\x00\x01" + b"x" * 96))
+    r.feed(struct.pack(">I", 101) + b"\x00" * 101)
+    assert len(r.next_frame()) == 100
+    with pytest.raises(FrameTooLarge) as e:
+        r.next_frame()
+    assert e.value.position == 104
+    assert isinstance(e.value, ProtocolError)
+    r.max_frame_size = 0
+    assert len(r.next_frame()) == 101
+
+
+def test_truncated_frame():
+    r = FrameReader()
+    r.feed(b"\x00\x00\x00\x03abc")
+    with pytest.raises(TruncatedFrame) as e:
+        r.next_frame()
+    assert e.value.position == 0
+
+
+def test_max_frame_size_range():
+    r = FrameReader()
+    with pytest.raises(ValueError):
+        r.max_frame_size = -1
+    r.max_frame_size = 0xFFFFFFFF
+    assert r.max_frame_size == 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("capture", DELIVER_CAPTURES)
+def test_golden_frames_split(capture):
+    wire = deliver_frames(capture)
+    r = FrameReader()
+    r.feed(wire)
+    frames = drain(r)
+    assert sum(len(f) + 4 for f in frames) == len(wire)
+    assert all(f[:2] == b"\x00\x08" for f in frames)
