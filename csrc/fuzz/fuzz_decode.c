@@ -1,0 +1,69 @@
+/* libFuzzer harness over the C core's byte entry points.
+ *
+ * The first input byte picks the options and the entry point; the rest is
+ *   - size-prefixed Deliver frames for ps_decode_buffer (frame, chunk,
+ *     entries, codecs, AMQP), or
+ *   - with bit 7 set, one AMQP 1.0 message for ps_batch_add directly.
+ * After a successful decode every binary view must lie inside its buffer. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "chunk.h"
+
+static void check_views(const ps_batch *b)
+{
+    for (size_t i = 0; i < b->rows && !b->opt.body_binary; i++) {
+        const uint8_t *v = b->views.p + 16 * i;
+        int32_t len, idx, off;
+        memcpy(&len, v, 4);
+        memcpy(&idx, v + 8, 4);
+        memcpy(&off, v + 12, 4);
+        if (len <= 12)
+            continue;
+        if (idx < 0 || (size_t)idx >= b->nregions || off < 0 ||
+            (size_t)off + (size_t)len > b->regions[idx].len) {
+            fprintf(stderr, "view %zu out of bounds\n", i);
+            abort();
+        }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    uint8_t mode = data[0];
+    data++;
+    size--;
+    ps_options o = {
+        .crc = mode & 1,
+        .amqp = !(mode & 2) || (mode & 0x20),
+        .body_binary = (mode & 4) != 0,
+        .error_policy = (mode >> 3) % 3,
+        .columns = (mode & 0x20) ? 15 : 0,
+        .start_offset = (mode & 0x40) ? 5 : 0,
+        .max_subbatch = 1 << 20,
+        .max_chunk = 4 << 20,
+    };
+    ps_batch b;
+    ps_error err;
+    if (ps_batch_init(&b, &o))
+        return 0;
+    /* a copy, so that ASan sees reads past the end of the input */
+    uint8_t *copy = malloc(size ? size : 1);
+    memcpy(copy, data, size);
+    int rc;
+    if (mode & 0x80) {
+        int region = ps_batch_input_region(&b, copy, size);
+        rc = ps_batch_add(&b, copy, (uint32_t)size, region, 0, 0, 0, &err);
+    } else {
+        rc = ps_decode_buffer(copy, size, &b, &err);
+    }
+    if (rc == PS_OK)
+        check_views(&b);
+    else if (!err.what)
+        abort();            /* every error names what was wrong */
+    ps_batch_free(&b);
+    free(copy);
+    return 0;
+}
