@@ -3,6 +3,7 @@
 Deliver frames are decoded in C into Arrow columns; see README.md.
 """
 
+from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
 from .client import Client, Endpoint, StreamInfo, connect
 from .errors import (AccessRefused, AuthenticationFailure,
                      AuthenticationFailureLoopback, ConnectionClosed,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "connect", "Client", "Endpoint", "StreamInfo",
     "BrokerAddress", "parse_uri",
+    "decode", "schema", "StreamDecoder", "Chunk", "FrameReader", "crc32",
     "StreamError", "ConnectionLost", "ConnectionClosed", "RequestTimeout",
     "UnsupportedFeature", "ProtocolError", "TruncatedFrame", "FrameTooLarge",
     "CorruptChunk", "DecompressionLimit", "MalformedMessage", "ResponseError",
