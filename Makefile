@@ -1,0 +1,39 @@
+# The two entry points of the README: `make demo` and `make test`.
+# Both install what they need (Debian packages, .venv), build the C core and
+# start the brokers (scripts/broker) when they are not running.
+VENV := .venv
+PY := $(VENV)/bin/python
+FUZZ_SECONDS ?= 60
+
+.PHONY: demo test unit build deps brokers fuzz bench clean
+
+deps:
+	scripts/install-deps
+
+build: deps
+	$(PY) setup.py -q build_ext --inplace
+
+brokers:
+	scripts/broker up
+
+demo: build
+	scripts/broker up modern
+	$(PY) scripts/demo.py
+
+test: build brokers
+	$(PY) -m pytest tests
+	scripts/fuzz $(FUZZ_SECONDS)
+
+# Tests that need no broker.
+unit: build
+	$(PY) -m pytest tests -m "not broker"
+
+# Longer runs: make fuzz FUZZ_SECONDS=1800
+fuzz: deps
+	scripts/fuzz $(FUZZ_SECONDS)
+
+bench: build brokers
+	$(PY) -m pytest bench --benchmark-only
+
+clean:
+	rm -rf build dist *.egg-info pystream/_core.c pystream/*.so
