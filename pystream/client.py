@@ -7,7 +7,6 @@ the ``Connection``, gated by ``features`` on brokers too old for it.
 from __future__ import annotations
 
 import datetime as dt
-import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,22 +47,13 @@ class Client:
     """A connection to a broker with its admin operations. Use as a context
     manager, or call ``close()``."""
 
-    def __init__(self, uri: str | BrokerAddress = "rabbitmq-stream://localhost", *,
-                 ssl_context: ssl.SSLContext | None = None,
-                 frame_max: int = 1 << 20,
-                 heartbeat: int = 60,
-                 connect_timeout: float = 10.0,
-                 request_timeout: float = 30.0,
-                 sasl_mechanism: str = "PLAIN",
-                 connection_name: str | None = None) -> None:
+    def __init__(self, uri: str | BrokerAddress = "rabbitmq-stream://localhost",
+                 **options: Any) -> None:
+        """``options`` are those of ``Connection`` (see ``connect``)."""
         address = parse_uri(uri) if isinstance(uri, str) else uri
-        if ssl_context is not None and not address.tls:
+        if options.get("ssl_context") is not None and not address.tls:
             address = BrokerAddress(**{**address.__dict__, "tls": True})
-        self.connection = Connection(
-            address, ssl_context=ssl_context, frame_max=frame_max,
-            heartbeat=heartbeat, connect_timeout=connect_timeout,
-            request_timeout=request_timeout, sasl_mechanism=sasl_mechanism,
-            connection_name=connection_name)
+        self.connection = Connection(address, **options)
         self.connection.open()
 
     def __enter__(self) -> Client:
