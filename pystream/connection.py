@@ -288,7 +288,7 @@ class Connection:
             return
         cmd = P.decode(frame)
         corr = getattr(cmd, "correlation_id", None)
-        if isinstance(cmd, P.Response) or isinstance(cmd, P.MetadataResponse):
+        if isinstance(cmd, (P.Response, P.MetadataResponse)):
             with self._state_lock:
                 future = self._pending.get(corr)  # type: ignore[arg-type]
             if future is None:

@@ -11,7 +11,6 @@ from .errors import UnsupportedFeature
 
 FIRST_RELEASE: dict[str, tuple[int, int]] = {
     "exchange_command_versions": (3, 11),
-    "deliver_v2": (3, 11),
     "stream_stats": (3, 11),
     "single_active_consumer": (3, 11),
     "super_stream_commands": (3, 13),  # CreateSuperStream, DeleteSuperStream
