@@ -12,7 +12,8 @@ from typing import Any
 
 from . import protocol as P
 from .connection import Connection
-from .errors import StreamDoesNotExist, StreamError, error_for_code
+from .errors import (StreamAlreadyExists, StreamDoesNotExist, StreamError,
+                     error_for_code)
 from .uri import BrokerAddress, parse_uri
 
 # create_stream keyword -> the broker's queue argument.
@@ -81,8 +82,16 @@ class Client:
         """Whether the broker has a feature of ``features.FIRST_RELEASE``."""
         return self.connection.features.supports(feature)
 
-    def _request(self, make: Any, context: str) -> Any:
-        return self.connection.request(make, context)
+    def _request(self, make: Any, context: str, *,
+                 tolerate: type[StreamError] | None = None) -> Any:
+        """Send a request; an answer of class ``tolerate`` is not an error
+        (the ``exist_ok`` / ``missing_ok`` flags)."""
+        try:
+            return self.connection.request(make, context)
+        except StreamError as exc:
+            if tolerate is None or not isinstance(exc, tolerate):
+                raise
+            return None
 
     # --- streams --------------------------------------------------------------
 
@@ -96,20 +105,14 @@ class Client:
         if "filter_size" in arguments:
             self.connection.features.require("filtering")
         args = _stream_arguments(arguments)
-        try:
-            self._request(lambda c: P.Create(c, stream, args),
-                          f"create stream {stream!r}")
-        except StreamError as exc:
-            if not (exist_ok and exc.code == 0x05):
-                raise
+        self._request(lambda c: P.Create(c, stream, args),
+                      f"create stream {stream!r}",
+                      tolerate=StreamAlreadyExists if exist_ok else None)
 
     def delete_stream(self, stream: str, *, missing_ok: bool = False) -> None:
-        try:
-            self._request(lambda c: P.Delete(c, stream),
-                          f"delete stream {stream!r}")
-        except StreamDoesNotExist:
-            if not missing_ok:
-                raise
+        self._request(lambda c: P.Delete(c, stream),
+                      f"delete stream {stream!r}",
+                      tolerate=StreamDoesNotExist if missing_ok else None)
 
     def stream_exists(self, stream: str) -> bool:
         info = self.metadata(stream)[stream]
@@ -181,23 +184,17 @@ class Client:
         assert binding_keys is not None
         streams = tuple(f"{name}-{key}" for key in binding_keys)
         args = _stream_arguments(arguments)
-        try:
-            self._request(
-                lambda c: P.CreateSuperStream(c, name, streams,
-                                              tuple(binding_keys), args),
-                f"create super stream {name!r}")
-        except StreamError as exc:
-            if not (exist_ok and exc.code == 0x05):
-                raise
+        self._request(
+            lambda c: P.CreateSuperStream(c, name, streams,
+                                          tuple(binding_keys), args),
+            f"create super stream {name!r}",
+            tolerate=StreamAlreadyExists if exist_ok else None)
 
     def delete_super_stream(self, name: str, *, missing_ok: bool = False) -> None:
         self.connection.features.require("super_stream_commands")
-        try:
-            self._request(lambda c: P.DeleteSuperStream(c, name),
-                          f"delete super stream {name!r}")
-        except StreamDoesNotExist:
-            if not missing_ok:
-                raise
+        self._request(lambda c: P.DeleteSuperStream(c, name),
+                      f"delete super stream {name!r}",
+                      tolerate=StreamDoesNotExist if missing_ok else None)
 
 
 def _stream_arguments(arguments: dict[str, Any]) -> dict[str, str]:
