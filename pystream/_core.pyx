@@ -41,6 +41,7 @@ from libc.string cimport memcpy
 import pyarrow as pa
 
 from pystream.errors import (CorruptChunk, DecompressionLimit, FrameTooLarge,
+                             StreamError,
                              MalformedMessage, ProtocolError, TruncatedFrame)
 
 
@@ -643,17 +644,17 @@ cdef class StreamDecoder(FrameReader):
                   error_policy="raise", max_subbatch_size=64 << 20,
                   max_chunk_size=1 << 30):
         """Decode this subscription's chunks with these options (replacing
-        earlier ones)."""
+        earlier ones).  Safe from any thread, also while another one is in
+        :meth:`next_event`: a chunk being decoded keeps the options it
+        started with."""
         if not 0 <= subscription_id <= 255:
             raise ValueError("subscription_id is a u8")
-        self.check_idle()
         opts = _Options(crc, amqp, start_offset, columns, body, error_policy,
                         max_subbatch_size, max_chunk_size)
         self.subs[subscription_id] = _Builder(opts)
 
     def unsubscribe(self, int subscription_id):
         """Stop decoding this subscription's chunks (a no-op if unknown)."""
-        self.check_idle()
         self.subs.pop(subscription_id, None)
 
     def next_event(self):
@@ -677,14 +678,20 @@ cdef class StreamDecoder(FrameReader):
         if builder is None:
             return PyBytes_FromStringAndSize(<const char *>frame, n)
         pos = self.r.consumed - n
-        if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
-            raise_error(&err)
-        self.busy = True
-        with nogil:
-            rc = ps_chunk_decode(&c, &builder.b, &err)
-        self.busy = False
-        if rc != PS_OK:
-            builder.fail(&err)
+        try:
+            if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
+                raise_error(&err)
+            self.busy = True
+            with nogil:
+                rc = ps_chunk_decode(&c, &builder.b, &err)
+            self.busy = False
+            if rc != PS_OK:
+                builder.fail(&err)
+        except StreamError as exc:
+            # The frame is consumed and the reader stays in step: only this
+            # subscription's chunk is bad, so say whose it is.
+            exc.subscription_id = frame[4]
+            raise
         cdef Chunk chunk = Chunk.__new__(Chunk)
         chunk.batch = builder.export(self.block)
         chunk.subscription_id = c.subscription_id

@@ -12,6 +12,9 @@ class StreamError(Exception):
     """Base class of every pystream error."""
 
     code: int | None = None
+    #: Set when the error concerns one subscription's chunk only (the
+    #: connection and the other subscriptions carry on).
+    subscription_id: int | None = None
 
     def __init__(self, message: str = "", *, code: int | None = None,
                  position: int | None = None) -> None:
