@@ -21,10 +21,10 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from . import protocol as P
-from ._core import FrameReader
+from ._core import Chunk, StreamDecoder
 from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
                      RequestTimeout, SaslMechanismNotSupported, StreamError,
                      error_for_code)
@@ -34,6 +34,23 @@ from .uri import BrokerAddress
 log = logging.getLogger("pystream")
 
 FrameHandler = Callable[[memoryview], None]
+
+
+class SubscriptionSink(Protocol):
+    """What the connection tells a subscription; called in the reader
+    thread, so it must not block (and must not make requests)."""
+
+    stream: str
+
+    def on_chunk(self, chunk: Chunk) -> None: ...
+
+    def on_chunk_error(self, error: StreamError) -> None: ...
+
+    def on_consumer_update(self, correlation_id: int, active: bool) -> None: ...
+
+    def on_metadata_update(self, code: int) -> None: ...
+
+    def on_connection_closed(self, error: StreamError | None) -> None: ...
 
 # Command versions this client speaks, announced to 3.11+ brokers.
 CLIENT_COMMAND_VERSIONS = (
@@ -80,7 +97,8 @@ class Connection:
         self.heartbeats_received = 0
 
         self._sock: socket.socket | None = None
-        self._reader = FrameReader(frame_max)
+        self._reader = StreamDecoder(frame_max)
+        self._sinks: dict[int, SubscriptionSink] = {}
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending: dict[int, Future] = {}
@@ -211,6 +229,36 @@ class Connection:
         thread; it must not block)."""
         self._handlers[key] = handler
 
+    def add_subscription(self, sink: SubscriptionSink,
+                         **decode_options: Any) -> int:
+        """Give ``sink`` a free subscription id and decode its chunks with
+        ``decode_options`` (those of ``_core.decode``); the caller then sends
+        Subscribe with that id."""
+        with self._state_lock:
+            self._check_open()
+            free = next((i for i in range(256) if i not in self._sinks), None)
+            if free is None:
+                raise ValueError("this connection already has 256 "
+                                 "subscriptions")
+            self._reader.subscribe(free, **decode_options)
+            self._sinks[free] = sink
+        return free
+
+    def update_subscription(self, subscription_id: int,
+                            **decode_options: Any) -> None:
+        """Decode this subscription's next chunks with new options (a new
+        ``start_offset`` after a single-active-consumer switch)."""
+        self._reader.subscribe(subscription_id, **decode_options)
+
+    def remove_subscription(self, subscription_id: int) -> None:
+        with self._state_lock:
+            self._sinks.pop(subscription_id, None)
+            self._reader.unsubscribe(subscription_id)
+
+    @property
+    def subscription_count(self) -> int:
+        return len(self._sinks)
+
     def on_close(self, listener: Callable[[StreamError | None], None]) -> None:
         self._close_listeners.append(listener)
 
@@ -270,8 +318,7 @@ class Connection:
                                          "socket")
                 reader.commit(n)
                 self._last_read = time.monotonic()
-                while (frame := reader.next_frame()) is not None:
-                    self._dispatch(memoryview(frame))
+                self._drain(reader)
         except StreamError as exc:
             self._fail(None if self._closing else exc)
         except OSError as exc:
@@ -280,6 +327,28 @@ class Connection:
         except Exception as exc:  # a handler's bug must not hang requests
             log.exception("pystream reader thread failed")
             self._fail(ProtocolError(f"frame dispatch failed: {exc!r}"))
+
+    def _drain(self, reader: StreamDecoder) -> None:
+        """Hand every complete frame in the buffer to its subscription or
+        handler."""
+        while True:
+            try:
+                event = reader.next_event()
+            except StreamError as exc:
+                if exc.subscription_id is None:
+                    raise  # the byte stream itself is broken
+                sink = self._sinks.get(exc.subscription_id)
+                if sink is not None:
+                    sink.on_chunk_error(exc)
+                continue
+            if event is None:
+                return
+            if type(event) is bytes:
+                self._dispatch(memoryview(event))
+            else:
+                sink = self._sinks.get(event.subscription_id)
+                if sink is not None:
+                    sink.on_chunk(event)
 
     def _dispatch(self, frame: memoryview) -> None:
         handler = self._handlers.get(P.frame_key(frame))
@@ -298,6 +367,18 @@ class Connection:
         elif isinstance(cmd, P.Tune):
             if not self._tune.done():
                 self._tune.set_result(cmd)
+        elif isinstance(cmd, P.ConsumerUpdate):
+            sink = self._sinks.get(cmd.subscription_id)
+            if sink is None:
+                self.send(P.ConsumerUpdateResponse(
+                    cmd.correlation_id, P.RESPONSE_SUBSCRIPTION_ID_DOES_NOT_EXIST,
+                    P.OffsetSpec(P.OFFSET_NEXT)))
+            else:
+                sink.on_consumer_update(cmd.correlation_id, bool(cmd.active))
+        elif isinstance(cmd, P.MetadataUpdate):
+            for sink in list(self._sinks.values()):
+                if sink.stream == cmd.stream:
+                    sink.on_metadata_update(cmd.code)
         elif isinstance(cmd, P.Heartbeat):
             self.heartbeats_received += 1
         elif isinstance(cmd, P.Close):
@@ -341,6 +422,8 @@ class Connection:
             self._tune.set_exception(failure)
         for listener in self._close_listeners:
             listener(error)
+        for sink in list(self._sinks.values()):
+            sink.on_connection_closed(error)
 
     def _shutdown_socket(self) -> None:
         sock, self._sock = self._sock, None

@@ -21,6 +21,7 @@ from .errors import ProtocolError, TruncatedFrame
 
 RESPONSE_BIT = 0x8000
 RESPONSE_OK = 0x01
+RESPONSE_SUBSCRIPTION_ID_DOES_NOT_EXIST = 0x04
 RESPONSE_SASL_CHALLENGE = 0x0A
 
 # Offset specification types (Subscribe, ConsumerUpdate response).
