@@ -1,0 +1,165 @@
+"""Credit flow: how many chunks a subscription lets the broker send ahead.
+
+The broker sends one chunk per credit. Too little credit leaves the socket
+idle while the application works; too much fills memory when the
+application is slower than the stream. This module is the only place that
+decides: a :class:`Credit` policy says what to aim for, and a
+:class:`CreditController` per subscription applies it to what it sees
+(chunks granted, arrived, queued and handed to the application).
+
+Policies:
+
+``Credit.adaptive(max_buffered_bytes=64 MiB, max_outstanding=64)`` (default)
+    Keeps ``outstanding × chunk size + queued bytes <= max_buffered_bytes``
+    and at most ``max_outstanding`` chunks in flight. An application that
+    keeps up has an empty queue, so the whole budget (up to
+    ``max_outstanding`` chunks, far more than the bandwidth-delay product of
+    a LAN) is in flight and the socket stays full; a slow one fills the
+    queue, and granting stops until it drains. Memory stays under
+    ``max_buffered_bytes`` plus one chunk, however long the stream. The chunk
+    size is estimated by a slowly decaying maximum of recent chunks (it
+    starts at the frame size limit), so a burst of large chunks cannot
+    overshoot by much. At least one credit is kept while the queue is empty,
+    so a budget smaller than a chunk still makes progress.
+``Credit.on_arrival(initial=10)``
+    Grants one credit per chunk as it arrives (the Java client's default).
+    The queue is not bounded: use it only if the application is faster than
+    the stream.
+``Credit.on_consumed(initial=10, ratio=0.5)``
+    Grants one credit once ``ratio`` of a chunk's records were handed to the
+    application (the Go client's and the Java client's alternative).
+``Credit.manual(initial=1)``
+    Grants only what ``Consumer.grant_credit(n)`` asks for.
+
+Sizes are counted in wire bytes (the Deliver frame), which is what the
+decoded batch pins in memory for ``body="view"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["adaptive", "on_arrival", "on_consumed", "manual"]
+
+MAX_CREDIT = 0xFFFF  # the Credit and Subscribe fields are u16
+
+
+@dataclass(frozen=True)
+class Credit:
+    """A credit policy; build one with the class methods."""
+
+    mode: Mode = "adaptive"
+    initial: int = 0
+    max_buffered_bytes: int = 64 << 20
+    max_outstanding: int = 64
+    ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("adaptive", "on_arrival", "on_consumed", "manual"):
+            raise ValueError(f"unknown credit mode {self.mode!r}")
+        if self.mode == "adaptive":
+            if self.max_buffered_bytes < 1 or not 1 <= self.max_outstanding <= MAX_CREDIT:
+                raise ValueError("max_buffered_bytes must be positive and "
+                                 "max_outstanding in [1, 65535]")
+        elif not 0 <= self.initial <= MAX_CREDIT:
+            raise ValueError("initial credit must be in [0, 65535]")
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError("ratio must be in (0, 1]")
+
+    @classmethod
+    def adaptive(cls, max_buffered_bytes: int = 64 << 20,
+                 max_outstanding: int = 64) -> Credit:
+        return cls("adaptive", max_buffered_bytes=max_buffered_bytes,
+                   max_outstanding=max_outstanding)
+
+    @classmethod
+    def on_arrival(cls, initial: int = 10) -> Credit:
+        return cls("on_arrival", initial=initial)
+
+    @classmethod
+    def on_consumed(cls, initial: int = 10, ratio: float = 0.5) -> Credit:
+        return cls("on_consumed", initial=initial, ratio=ratio)
+
+    @classmethod
+    def manual(cls, initial: int = 1) -> Credit:
+        return cls("manual", initial=initial)
+
+
+class CreditController:
+    """One subscription's credit state. Not thread-safe: the consumer calls
+    it under its lock. Each method returns the credits to send now (0 for
+    none)."""
+
+    def __init__(self, policy: Credit, chunk_size_hint: int) -> None:
+        self.policy = policy
+        self.chunk_estimate = max(1, chunk_size_hint)
+        self.outstanding = 0    # granted, chunk not yet arrived
+        self.queued_bytes = 0   # arrived, not yet handed to the application
+
+    def start(self) -> int:
+        """Credits for the Subscribe command (a new or resumed subscription;
+        whatever was granted before is gone with the old subscription)."""
+        p = self.policy
+        if p.mode == "adaptive":
+            self.outstanding = 0
+            credits = self._adaptive_grant(threshold=False)
+        else:
+            credits = self.outstanding = p.initial
+        return credits
+
+    def arrived(self, size: int) -> int:
+        """A chunk of ``size`` wire bytes arrived and was queued."""
+        self.outstanding = max(0, self.outstanding - 1)
+        self.queued_bytes += size
+        # Decaying maximum: follows smaller chunks slowly, larger ones at once.
+        est = self.chunk_estimate
+        self.chunk_estimate = max(size, est - (est - size) // 16)
+        mode = self.policy.mode
+        if mode == "on_arrival":
+            return self._grant(1)
+        if mode == "adaptive":
+            return self._adaptive_grant(threshold=True)
+        return 0
+
+    def dropped(self, size: int) -> None:
+        """Queued bytes discarded without reaching the application."""
+        self.queued_bytes = max(0, self.queued_bytes - size)
+
+    def handed(self, size: int, fraction_before: float,
+               fraction_after: float) -> int:
+        """Records of a queued chunk went to the application: the share of
+        the chunk handed so far moved from ``fraction_before`` to
+        ``fraction_after``; ``size`` is released when it reaches 1."""
+        if fraction_after >= 1.0:
+            self.queued_bytes = max(0, self.queued_bytes - size)
+        mode = self.policy.mode
+        if mode == "adaptive":
+            return self._adaptive_grant(threshold=True)
+        if mode == "on_consumed":
+            r = self.policy.ratio
+            if fraction_before < r <= fraction_after:
+                return self._grant(1)
+        return 0
+
+    def manual(self, n: int) -> int:
+        if n < 0:
+            raise ValueError("credit must be >= 0")
+        return self._grant(n)
+
+    def _adaptive_grant(self, *, threshold: bool) -> int:
+        p = self.policy
+        budget = p.max_buffered_bytes - self.queued_bytes
+        target = min(p.max_outstanding, max(0, budget) // self.chunk_estimate)
+        if target == 0 and self.queued_bytes == 0:
+            target = 1  # a budget below one chunk must still make progress
+        missing = target - self.outstanding
+        # Top up in steps of a quarter of the target, not one frame a chunk.
+        if missing <= 0 or (threshold and missing < max(1, target // 4)):
+            return 0
+        return self._grant(missing)
+
+    def _grant(self, n: int) -> int:
+        n = min(n, MAX_CREDIT)
+        self.outstanding += n
+        return n
