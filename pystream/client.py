@@ -7,14 +7,20 @@ the ``Connection``, gated by ``features`` on brokers too old for it.
 from __future__ import annotations
 
 import datetime as dt
+import random
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .connection import Connection
 from .errors import (StreamAlreadyExists, StreamDoesNotExist, StreamError,
-                     error_for_code)
+                     StreamNotAvailable, error_for_code)
+from .pool import AddressResolver, ConnectionPool, Endpoint
 from .uri import BrokerAddress, parse_uri
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
 
 # create_stream keyword -> the broker's queue argument.
 STREAM_ARGUMENTS = {
@@ -25,12 +31,6 @@ STREAM_ARGUMENTS = {
     "initial_cluster_size": "initial-cluster-size",
     "leader_locator": "queue-leader-locator",
 }
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,32 @@ class Client:
     manager, or call ``close()``."""
 
     def __init__(self, uri: str | BrokerAddress = "rabbitmq-stream://localhost",
+                 *, address_resolver: AddressResolver | None = None,
+                 max_subscriptions_per_connection: int = 255,
                  **options: Any) -> None:
-        """``options`` are those of ``Connection`` (see ``connect``)."""
+        """See ``connect`` for the options."""
         address = parse_uri(uri) if isinstance(uri, str) else uri
         if options.get("ssl_context") is not None and not address.tls:
             address = BrokerAddress(**{**address.__dict__, "tls": True})
-        self.connection = Connection(address, **options)
-        self.connection.open()
+        self.address = address
+        self._options = options
+        self._closed = False
+        self._lock = threading.Lock()
+        self._connection = Connection(address, **options)
+        self._connection.open()
+        self.pool = ConnectionPool(address, options, address_resolver,
+                                   max_subscriptions_per_connection)
+
+    @property
+    def connection(self) -> Connection:
+        """The connection admin requests go over; reopened on first use after
+        it was lost (a broker restart), so the client outlives failures."""
+        with self._lock:
+            if not self._connection.is_open and not self._closed:
+                conn = Connection(self.address, **self._options)
+                conn.open()
+                self._connection = conn
+            return self._connection
 
     def __enter__(self) -> Client:
         return self
@@ -67,7 +86,32 @@ class Client:
         return f"<pystream.Client {self.connection.address.uri()}>"
 
     def close(self) -> None:
-        self.connection.close()
+        """Close the client, its consumers' connections included."""
+        with self._lock:
+            self._closed = True
+        self.pool.close()
+        self._connection.close()
+
+    # --- consuming --------------------------------------------------------------
+
+    def consumer(self, stream: str | None = None, offset: Any = "next",
+                 **options: Any) -> Consumer:
+        """Read ``stream`` (or ``super_stream=``) from ``offset``; see
+        ``pystream.consumer.Consumer`` for the options."""
+        from .consumer import Consumer
+        return Consumer(self, stream, offset, **options)
+
+    def locate(self, stream: str, *, replica: bool = True) -> Endpoint:
+        """The node to read ``stream`` from: a replica when there is one and
+        ``replica`` is true, else the leader."""
+        info = self.metadata(stream)[stream]
+        if info.error is not None:
+            raise info.error
+        if replica and info.replicas:
+            return random.choice(info.replicas)
+        if info.leader is None:
+            raise StreamNotAvailable(f"stream {stream!r} has no leader")
+        return info.leader
 
     @property
     def server_properties(self) -> dict[str, str]:
@@ -214,5 +258,8 @@ def connect(uri: str | BrokerAddress = "rabbitmq-stream://localhost",
             **options: Any) -> Client:
     """Connect to a broker. Options: ``ssl_context``, ``frame_max``,
     ``heartbeat`` (seconds), ``connect_timeout``, ``request_timeout``,
-    ``sasl_mechanism`` ("PLAIN" or "EXTERNAL"), ``connection_name``."""
+    ``sasl_mechanism`` ("PLAIN" or "EXTERNAL"), ``connection_name``;
+    ``address_resolver`` (maps the ``Endpoint`` metadata advertises to the one
+    to dial) and ``max_subscriptions_per_connection`` (255) for the
+    connections consumers open to the nodes of their streams."""
     return Client(uri, **options)
