@@ -4,7 +4,9 @@ Deliver frames are decoded in C into Arrow columns; see README.md.
 """
 
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
-from .client import Client, Endpoint, StreamInfo, connect
+from .client import Client, StreamInfo, connect
+from .consumer import Consumer, Filter, Message
+from .credit import Credit
 from .errors import (AccessRefused, AuthenticationFailure,
                      AuthenticationFailureLoopback, ConnectionClosed,
                      ConnectionLost, CorruptChunk, DecompressionLimit,
@@ -16,13 +18,15 @@ from .errors import (AccessRefused, AuthenticationFailure,
                      SubscriptionIdAlreadyExists, SubscriptionIdDoesNotExist,
                      TruncatedFrame, UnknownFrame, UnsupportedFeature,
                      VirtualHostAccessFailure)
+from .pool import AddressResolver, Endpoint
 from .uri import BrokerAddress, parse_uri
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "connect", "Client", "Endpoint", "StreamInfo",
-    "BrokerAddress", "parse_uri",
+    "BrokerAddress", "parse_uri", "AddressResolver",
+    "Consumer", "Filter", "Message", "Credit",
     "decode", "schema", "StreamDecoder", "Chunk", "FrameReader", "crc32",
     "StreamError", "ConnectionLost", "ConnectionClosed", "RequestTimeout",
     "UnsupportedFeature", "ProtocolError", "TruncatedFrame", "FrameTooLarge",
