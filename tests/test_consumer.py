@@ -1,0 +1,282 @@
+"""The consumer against the real brokers: offsets, batches, credit, stored
+offsets, single active consumer, super streams, filtering, deletion."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import pystream
+from pystream import Credit, Filter
+from pystream.errors import StreamDoesNotExist, UnsupportedFeature
+
+from .conftest import MODERN_URI
+from .raw_publish import amqp_message, publish
+
+N = 5000
+
+
+def bodies(n: int, start: int = 0) -> list[bytes]:
+    return [f"message {i}".encode() * (1 + i % 3) for i in range(start, start + n)]
+
+
+@pytest.fixture
+def filled(client, stream):
+    publish(client, stream, [amqp_message(b) for b in bodies(N)])
+    return stream
+
+
+def test_reads_every_record_in_order(client, filled):
+    with client.consumer(filled, offset="first") as consumer:
+        table = consumer.read(N, timeout=10)
+        assert consumer.position == N
+    assert table.column("offset").to_pylist() == list(range(N))
+    assert table.column("body").to_pylist() == bodies(N)
+
+
+def test_batches_end_after_timeout_without_data(client, filled):
+    with client.consumer(filled, offset="first") as consumer:
+        rows = sum(b.num_rows for b in consumer.batches(timeout=1.0))
+    assert rows == N
+
+
+def test_offset_int_trims_the_first_chunk(client, filled):
+    with client.consumer(filled, offset=N - 10) as consumer:
+        assert consumer.position == N - 10
+        table = consumer.read(10, timeout=10)
+    assert table.column("offset").to_pylist() == list(range(N - 10, N))
+
+
+def test_offset_next_sees_only_new_records(client, filled):
+    with client.consumer(filled, offset="next") as consumer:
+        assert consumer.read(1, timeout=1.0).num_rows == 0
+        publish(client, filled, [amqp_message(b"late")])
+        table = consumer.read(1, timeout=10)
+    assert table.column("offset").to_pylist() == [N]
+    assert table.column("body").to_pylist() == [b"late"]
+
+
+def test_offset_last_starts_at_the_last_chunk(client, filled):
+    with client.consumer(filled, offset="last") as consumer:
+        table = consumer.read(N, timeout=1.0)
+    assert 0 < table.num_rows < N
+    assert table.column("offset").to_pylist()[-1] == N - 1
+
+
+def test_offset_timestamp(client, filled):
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    with client.consumer(filled, offset=later) as consumer:
+        assert consumer.read(1, timeout=1.0).num_rows == 0
+    with client.consumer(filled, offset=dt.datetime(2000, 1, 1)) as consumer:
+        assert consumer.read(N, timeout=10).num_rows == N
+
+
+def test_read_keeps_the_rest_of_a_chunk(client, filled):
+    with client.consumer(filled, offset="first") as consumer:
+        seen = []
+        while len(seen) < N:
+            part = consumer.read(7, timeout=10)
+            assert 0 < part.num_rows <= 7
+            seen += part.column("offset").to_pylist()
+            assert consumer.position == seen[-1] + 1
+    assert seen == list(range(N))
+
+
+def test_messages_are_views_with_a_position(client, filled):
+    with client.consumer(filled, offset=N - 3) as consumer:
+        got = []
+        for m in consumer.messages(timeout=1.0):
+            got.append((m.offset, m.body))
+            assert consumer.position == m.offset + 1
+    assert got == [(i, b) for i, b in zip(range(N - 3, N), bodies(3, N - 3))]
+
+
+def test_coalesced_batches(client, filled):
+    with client.consumer(filled, offset="first", max_batch_rows=2000) as consumer:
+        time.sleep(0.5)  # let several chunks queue
+        sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
+    assert sum(sizes) == N and max(sizes) <= 2000
+
+
+def test_named_consumer_stores_and_resumes(client, filled):
+    with client.consumer(filled, offset="first", name="app") as consumer:
+        assert consumer.read(1234, timeout=10).num_rows == 1234
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # StoreOffset has no answer
+        try:
+            if client.query_offset(filled, "app") == 1233:
+                break
+        except pystream.NoOffset:
+            pass
+        time.sleep(0.05)
+    assert client.query_offset(filled, "app") == 1233
+    with client.consumer(filled, offset="first", name="app") as consumer:
+        table = consumer.read(N, timeout=10)
+    assert table.column("offset").to_pylist() == list(range(1234, N))
+
+
+def test_manual_store_offset(client, filled):
+    with client.consumer(filled, offset="first", name="m",
+                         auto_store=False) as consumer:
+        consumer.read(10, timeout=10)
+        consumer.store_offset()
+        consumer.store_offset(3)
+    time.sleep(0.3)
+    assert client.query_offset(filled, "m") == 3
+
+
+@pytest.mark.parametrize("credit", [Credit.on_arrival(2), Credit.on_consumed(1),
+                                    Credit.adaptive(max_buffered_bytes=1)])
+def test_credit_policies_read_everything(client, filled, credit):
+    with client.consumer(filled, offset="first", credit=credit) as consumer:
+        assert consumer.read(N, timeout=10).num_rows == N
+
+
+def test_manual_credit(client, stream):
+    for i in range(3):  # three publishes, three chunks
+        publish(client, stream, [amqp_message(b"x")] * 10)
+    with client.consumer(stream, offset="first",
+                         credit=Credit.manual(1)) as consumer:
+        assert consumer.read(100, timeout=1.0).num_rows == 10
+        consumer.grant_credit(2)
+        assert consumer.read(100, timeout=1.0).num_rows == 20
+
+
+def test_deleted_stream_ends_iteration(client, filled):
+    with client.consumer(filled, offset="first") as consumer:
+        assert consumer.read(N, timeout=10).num_rows == N
+        client.delete_stream(filled)
+        with pytest.raises(StreamDoesNotExist):
+            consumer.read(1, timeout=10)
+
+
+def test_missing_stream(client):
+    with pytest.raises(StreamDoesNotExist):
+        client.consumer("no-such-stream-here")
+
+
+def test_committed_chunk_id_and_lag(modern, stream_name):
+    modern.create_stream(stream_name)
+    try:
+        publish(modern, stream_name, [amqp_message(b) for b in bodies(N)])
+        with modern.consumer(stream_name, offset="first") as consumer:
+            assert consumer.lag() > 0
+            consumer.read(N, timeout=10)
+            assert consumer.committed_chunk_id is not None
+            assert consumer.lag() == 0
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_legacy_broker_refuses_new_features(legacy, stream_name):
+    legacy.create_stream(stream_name)
+    try:
+        with pytest.raises(UnsupportedFeature):
+            legacy.consumer(stream_name, name="x", single_active=True)
+        with pytest.raises(UnsupportedFeature):
+            legacy.consumer(stream_name, filter=Filter(["a"]))
+        with legacy.consumer(stream_name, offset="first") as consumer:
+            assert consumer.committed_chunk_id is None
+            assert consumer.lag() is None
+    finally:
+        legacy.delete_stream(stream_name)
+
+
+def test_single_active_consumer_failover(modern, stream_name):
+    modern.create_stream(stream_name)
+    try:
+        publish(modern, stream_name, [amqp_message(b) for b in bodies(N)])
+        first = modern.consumer(stream_name, offset="first", name="sac",
+                                single_active=True)
+        second = modern.consumer(stream_name, offset="first", name="sac",
+                                 single_active=True)
+        try:
+            a = first.read(1000, timeout=10).column("offset").to_pylist()
+            assert second.read(1, timeout=1.0).num_rows == 0
+            first.close()  # stores 999, hands over
+            b = second.read(N, timeout=10).column("offset").to_pylist()
+        finally:
+            first.close()
+            second.close()
+        assert a + b == list(range(N))
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_super_stream(modern, stream_name):
+    modern.create_super_stream(stream_name, partitions=3)
+    try:
+        partitions = modern.partitions(stream_name)
+        for i, p in enumerate(partitions):
+            publish(modern, p, [amqp_message(f"{p}:{j}".encode())
+                                for j in range(100 * (i + 1))])
+        with modern.consumer(super_stream=stream_name,
+                             offset="first") as consumer:
+            seen: dict[str, list] = {p: [] for p in partitions}
+            rows = 0
+            for batch in consumer.batches(timeout=2.0):
+                p = batch.schema.metadata[b"stream"].decode()
+                seen[p] += batch.column("body").to_pylist()
+                rows += batch.num_rows
+            assert consumer.positions == {p: 100 * (i + 1)
+                                          for i, p in enumerate(partitions)}
+        for i, p in enumerate(partitions):
+            assert seen[p] == [f"{p}:{j}".encode() for j in range(100 * (i + 1))]
+    finally:
+        modern.delete_super_stream(stream_name)
+
+
+def test_filtering(modern, stream_name):
+    modern.create_stream(stream_name)
+    try:
+        for value in ("red", "blue", None, "red"):  # one chunk each
+            publish(modern, stream_name,
+                    [amqp_message(value.encode() if value else b"none",
+                                  {"color": value or "none"})] * 50,
+                    filter_values=[value] * 50)
+
+        def read(f: Filter) -> list[bytes]:
+            with modern.consumer(stream_name, offset="first",
+                                 columns=["application_properties"],
+                                 filter=f) as consumer:
+                return consumer.read(1000, timeout=1.5).column("body").to_pylist()
+
+        assert read(Filter(["red"])) == [b"red"] * 100
+        assert sorted(set(read(Filter(["red"], match_unfiltered=True)))) == [
+            b"none", b"red"]
+        color = pc.map_lookup(pc.field("application_properties"),
+                              pa.scalar("color"), "first")
+        assert read(Filter(["red", "blue"], post_filter=color == "blue")) == [
+            b"blue"] * 50
+        assert read(Filter(["red", "blue"], post_filter=lambda b: pc.not_equal(
+            pc.map_lookup(b.column("application_properties"), pa.scalar("color"),
+                          "first"), "red"))) == [b"blue"] * 50
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_consumer_in_another_thread_is_closed_cleanly(client, filled):
+    consumer = client.consumer(filled, offset="next")
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend(consumer))
+    t.start()
+    time.sleep(0.3)
+    consumer.close()
+    t.join(5)
+    assert not t.is_alive() and got == []
+
+
+def test_client_close_ends_its_consumers(stream_name):
+    client = pystream.connect(MODERN_URI)
+    client.create_stream(stream_name)
+    try:
+        consumer = client.consumer(stream_name, offset="first")
+        assert consumer.read(1, timeout=0.3).num_rows == 0
+    finally:
+        client.delete_stream(stream_name)
+        client.close()

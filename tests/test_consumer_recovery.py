@@ -1,0 +1,123 @@
+"""The consumer through failures on the real modern broker: connections
+closed by the broker, a broker restart, a broker gone past the recovery
+timeout; and memory under a slow application.
+
+The large streams are kept between runs (they take seconds to fill)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pystream
+from pystream import ConnectionLost, Credit
+
+from .conftest import BROKER_SCRIPT, MODERN_URI, broker_ctl
+from .raw_publish import fill
+
+pytestmark = pytest.mark.broker
+
+
+def kept_stream(client: pystream.Client, name: str, count: int,
+                body: bytes) -> str:
+    """A stream of exactly ``count`` records, filled once."""
+    if client.stream_exists(name):
+        with client.consumer(name, offset="last") as consumer:
+            last = consumer.read(1 << 30, timeout=2.0).column("offset")
+        if len(last) and last[-1].as_py() == count - 1:
+            return name
+        client.delete_stream(name)
+    client.create_stream(name)
+    fill(MODERN_URI, name, count, body)
+    return name
+
+
+def broker(*args: str) -> None:
+    subprocess.run([str(BROKER_SCRIPT), *args, "modern"], check=True,
+                   capture_output=True, timeout=300)
+
+
+def test_no_record_lost_or_repeated_across_failures():
+    n = 1_000_000
+    with pystream.connect(MODERN_URI) as client:
+        stream = kept_stream(client, "pystream-test-recovery-1m", n, b"r" * 100)
+        faults: list[str] = []
+
+        def inject() -> None:
+            for _ in range(3):
+                time.sleep(0.7)
+                broker_ctl("modern", "close_all_connections", "test")
+                faults.append("close")
+            time.sleep(0.7)
+            broker("restart")
+            faults.append("restart")
+
+        chunks = []
+        with client.consumer(stream, offset="first",
+                             recovery_timeout=120) as consumer:
+            injector = threading.Thread(target=inject)
+            injector.start()
+            for batch in consumer.batches(timeout=60):
+                chunks.append(batch.column("offset").to_numpy())
+                if injector.is_alive():
+                    time.sleep(0.01)  # be slow until every fault happened
+                if consumer.position >= n:
+                    break
+            injector.join()
+    offsets = np.concatenate(chunks)
+    assert faults == ["close"] * 3 + ["restart"]
+    assert len(offsets) == n
+    assert (offsets == np.arange(n)).all()
+
+
+def test_broker_away_past_recovery_timeout_raises_connection_lost(stream_name):
+    with pystream.connect(MODERN_URI, heartbeat=1, connect_timeout=1) as client:
+        client.create_stream(stream_name)
+        consumer = client.consumer(stream_name, offset="first",
+                                   recovery_timeout=2)
+        broker("pause")
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConnectionLost):
+                consumer.read(1, timeout=30)
+            assert time.monotonic() - started < 15
+        finally:
+            broker("resume")
+            consumer.close()
+        client.delete_stream(stream_name)
+
+
+def rss() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_slow_application_keeps_memory_bounded():
+    budget = 32 << 20
+    with pystream.connect(MODERN_URI) as client:
+        stream = kept_stream(client, "pystream-test-memory-1g", 1_000_000,
+                             b"m" * 1024)
+        base = rss()
+        peak = base
+        rows = 0
+        with client.consumer(stream, offset="first",
+                             credit=Credit.adaptive(budget)) as consumer:
+            started = time.monotonic()
+            for batch in consumer:
+                rows += batch.num_rows
+                del batch
+                time.sleep(0.02)
+                peak = max(peak, rss())
+                if time.monotonic() - started > 6:
+                    break
+        grown = peak - base
+        print(f"RSS grew by {grown / 2**20:.1f} MiB with a {budget >> 20} MiB "
+              f"budget after {rows} records")
+        # Budget, plus one chunk (1 MiB frame_max), plus the receive-block
+        # pool (16 MiB at most) and allocator slack.
+        assert grown < budget + (1 << 20) + (24 << 20)
