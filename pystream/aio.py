@@ -1,0 +1,145 @@
+"""asyncio face: ``client = await pystream.aio.connect(uri)`` and
+``async for batch in client.consumer(...)``.
+
+Sockets are read and chunks decoded by the connections' reader threads, as
+in the blocking API; the event loop only takes ready batches off the queue
+and is woken (``call_soon_threadsafe``) when one arrives, so it never waits on
+the network or on decoding. Requests to the broker (subscribe, admin calls)
+run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Callable
+
+import pyarrow as pa
+
+from .client import Client
+from .consumer import Consumer, Message
+
+
+async def connect(uri: str = "rabbitmq-stream://localhost",
+                  **options: Any) -> AsyncClient:
+    """``pystream.connect`` for asyncio; same options."""
+    return AsyncClient(await asyncio.to_thread(Client, uri, **options))
+
+
+class AsyncClient:
+    """A ``Client`` whose methods are coroutines (they run in a worker
+    thread): ``await client.create_stream(...)``, ``await
+    client.stream_stats(...)``, and so on."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.client, name)
+        if not callable(method):
+            return method
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(method, *args, **kwargs)
+        return call
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+    async def consumer(self, stream: str | None = None, offset: Any = "next",
+                       **options: Any) -> AsyncConsumer:
+        """``Client.consumer`` for asyncio; same options."""
+        consumer = await asyncio.to_thread(self.client.consumer, stream,
+                                           offset, **options)
+        return AsyncConsumer(consumer)
+
+
+class AsyncConsumer:
+    """``Consumer`` for asyncio: ``async for batch in consumer``,
+    ``await consumer.read(...)``, ``async for m in consumer.messages()``."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        consumer.add_waker(self._wake)
+
+    def _wake(self) -> None:
+        # From a reader thread; the loop may be gone at shutdown.
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:
+            pass
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
+        return self.batches()
+
+    async def _next(self, timeout: float | None,
+                    max_rows: int | None = None) -> pa.RecordBatch | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._ready.clear()
+            batch = self.consumer._next_batch(0, max_rows)
+            if batch is not None or self.consumer.closed:
+                return batch
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._ready.wait(), left)
+            except asyncio.TimeoutError:
+                return None
+
+    async def batches(self, timeout: float | None = None
+                      ) -> AsyncIterator[pa.RecordBatch]:
+        """As ``Consumer.batches``."""
+        while (batch := await self._next(timeout)) is not None:
+            yield batch
+
+    async def read(self, max_rows: int, timeout: float | None = None) -> pa.Table:
+        """As ``Consumer.read``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        parts: list[pa.RecordBatch] = []
+        rows = 0
+        while rows < max_rows:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            batch = await self._next(left, max_rows - rows)
+            if batch is None:
+                break
+            parts.append(batch)
+            rows += batch.num_rows
+        return pa.Table.from_batches(parts, schema=self.consumer.schema)
+
+    async def messages(self, timeout: float | None = None) -> AsyncIterator[Message]:
+        """As ``Consumer.messages``."""
+        while (batch := await self._next(timeout, 1)) is not None:
+            yield Message(batch, 0)
+
+    @property
+    def position(self) -> int | None:
+        return self.consumer.position
+
+    @property
+    def positions(self) -> dict[str, int | None]:
+        return self.consumer.positions
+
+    async def store_offset(self, offset: int | None = None) -> None:
+        await asyncio.to_thread(self.consumer.store_offset, offset)
+
+    async def lag(self) -> int | None:
+        return await asyncio.to_thread(self.consumer.lag)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.consumer.close)
