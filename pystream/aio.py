@@ -123,9 +123,11 @@ class AsyncConsumer:
         return pa.Table.from_batches(parts, schema=self.consumer.schema)
 
     async def messages(self, timeout: float | None = None) -> AsyncIterator[Message]:
-        """As ``Consumer.messages``."""
-        while (batch := await self._next(timeout, 1)) is not None:
-            yield Message(batch, 0)
+        """As ``Consumer.messages``, a batch at a time (the position moves
+        to the end of each batch as it is taken)."""
+        while (batch := await self._next(timeout)) is not None:
+            for row in range(batch.num_rows):
+                yield Message(batch, row)
 
     @property
     def position(self) -> int | None:

@@ -389,12 +389,30 @@ class Consumer:
         return pa.Table.from_batches(parts, schema=self.schema)
 
     def messages(self, timeout: float | None = None) -> Iterator[Message]:
-        """Record by record (``Message`` views); convenient, not fast."""
+        """Record by record (``Message`` views); convenient, not fast. The
+        position moves with each record; a chunk's credit and stored offset
+        once all its records were taken."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            batch = self._next_batch(timeout, 1)
-            if batch is None:
-                return
-            yield Message(batch, 0)
+            with self._cond:
+                item = self._head(deadline)
+                if item is None:
+                    return
+                self._filter(item)
+            sub, batch = item.sub, item.batch
+            assert sub is not None and batch is not None
+            offsets = batch.column(0).to_numpy()
+            for row in range(item.handed, batch.num_rows):
+                sub.position = int(offsets[row]) + 1
+                yield Message(batch, row)
+            sends: list[tuple[_Subscription, int]] = []
+            with self._cond:
+                if self._queue and self._queue[0] is item:
+                    self._hand(item, sends, None)
+            for s, n in sends:
+                self._send_credit(s, n)
+            if timeout is not None:
+                deadline = time.monotonic() + timeout
 
     @property
     def position(self) -> int | None:
@@ -492,26 +510,42 @@ class Consumer:
         while True:
             sends: list[tuple[_Subscription, int]] = []
             with self._cond:
-                while not self._queue:
-                    if self._closed:
-                        return None
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return None
-                    self._cond.wait(left)
-                batch = self._take(sends, max_rows)
+                item = self._head(deadline)
+                if item is None:
+                    return None
+                batch = self._take(item, sends, max_rows)
             for sub, n in sends:
                 self._send_credit(sub, n)
             if batch is not None:
                 return batch
 
-    def _take(self, sends: list, max_rows: int | None) -> pa.RecordBatch | None:
-        """Hand rows from the head of the queue (coalescing queued chunks of
-        the same stream up to the batch limits); None if it held none."""
+    def _head(self, deadline: float | None) -> _Queued | None:
+        """The queue's first chunk, waiting for one until ``deadline``; None
+        at the deadline or once closed. Raises the error that ended the
+        consumer. Called under the lock."""
+        while not self._queue:
+            if self._closed:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._cond.wait(left)
         item = self._queue[0]
         if item.error is not None:
             self._closed = True
             raise item.error
+        return item
+
+    def _filter(self, item: _Queued) -> None:
+        if not item.filtered:
+            item.filtered = True
+            if self.filter is not None:
+                item.batch = self.filter.apply(item.batch)
+
+    def _take(self, item: _Queued, sends: list,
+              max_rows: int | None) -> pa.RecordBatch | None:
+        """Hand rows from the head of the queue (coalescing queued chunks of
+        the same stream up to the batch limits); None if it held none."""
         first = self._hand(item, sends, max_rows)
         parts = [first] if first is not None and first.num_rows else []
         rows = sum(p.num_rows for p in parts)
@@ -546,10 +580,7 @@ class Consumer:
         sub = item.sub
         chunk = item.chunk
         assert sub is not None and chunk is not None
-        if not item.filtered:
-            item.filtered = True
-            if self.filter is not None:
-                item.batch = self.filter.apply(item.batch)
+        self._filter(item)
         batch = item.batch
         total = batch.num_rows
         start = item.handed
