@@ -414,11 +414,20 @@ static int put_double(ps_buf *o, double d, int is_float)
         return put(o, "nan", 3);
     if (isinf(d))
         return d > 0 ? put(o, "inf", 3) : put(o, "-inf", 4);
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(tmp, sizeof tmp, "%.*g", prec, d);
+    /* The fewest significant digits that read back to the same value... */
+    int prec = 1;
+    for (; prec < 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, d);
         double back = strtod(tmp, NULL);
         if (is_float ? (float)back == (float)d : back == d)
             break;
+    }
+    snprintf(tmp, sizeof tmp, "%.*e", prec - 1, d);
+    /* ...written without an exponent when it is moderate: 100, 0.001. */
+    int exp10 = atoi(strchr(tmp, 'e') + 1);
+    if (exp10 >= -5 && exp10 < 17) {
+        int decimals = prec - 1 - exp10;
+        snprintf(tmp, sizeof tmp, "%.*f", decimals > 0 ? decimals : 0, d);
     }
     return put(o, tmp, strlen(tmp));
 }

@@ -18,8 +18,7 @@
 #define PS_CHUNK_H
 
 #include "batch.h"
-
-enum { PS_KEY_DELIVER = 0x0008 };
+#include "frame.h"
 
 typedef struct ps_chunk {
     uint8_t version;            /* Deliver version, 1 or 2 */

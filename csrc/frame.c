@@ -3,6 +3,20 @@
 #include "frame.h"
 #include "wire.h"
 
+/* Whether a frame of `size` bytes starting at p (avail bytes buffered) is
+ * within the limits: 1 yes, 0 no, -1 the key is needed to tell. */
+static int size_allowed(const ps_reader *r, const uint8_t *p, size_t avail,
+                        uint32_t size)
+{
+    if (!r->max_frame || size <= r->max_frame)
+        return 1;
+    if (size > r->max_deliver)
+        return 0;
+    if (avail < 6)
+        return -1;
+    return ps_be16(p + 4) == PS_KEY_DELIVER;
+}
+
 int ps_reader_next(ps_reader *r, const uint8_t **frame, uint32_t *len,
                    ps_error *err)
 {
@@ -11,7 +25,10 @@ int ps_reader_next(ps_reader *r, const uint8_t **frame, uint32_t *len,
         return PS_NEED_MORE;
     const uint8_t *p = r->buf + r->rpos;
     uint32_t size = ps_be32(p);
-    if (r->max_frame && size > r->max_frame)
+    int allowed = size_allowed(r, p, avail, size);
+    if (allowed < 0)
+        return PS_NEED_MORE;
+    if (!allowed)
         return ps_fail(err, PS_E_FRAME_TOO_LARGE, r->consumed,
                        "frame size prefix exceeds max_frame_size");
     if (size < 4)
@@ -31,9 +48,13 @@ size_t ps_reader_missing(const ps_reader *r)
     size_t avail = r->wpos - r->rpos;
     if (avail < 4)
         return 4 - avail;
-    uint64_t want = 4 + (uint64_t)ps_be32(r->buf + r->rpos);
-    if (r->max_frame && want > 4 + (uint64_t)r->max_frame)
+    uint32_t size = ps_be32(r->buf + r->rpos);
+    int allowed = size_allowed(r, r->buf + r->rpos, avail, size);
+    if (allowed < 0)
+        return 6 - avail;   /* the key decides */
+    if (!allowed)
         return 0;           /* ps_reader_next reports it; do not grow for it */
+    uint64_t want = 4 + (uint64_t)size;
     return want > avail ? (size_t)(want - avail) : 0;
 }
 

@@ -11,6 +11,9 @@
 
 #include "status.h"
 
+/* Deliver (broker to client, a chunk of a subscription). */
+enum { PS_KEY_DELIVER = 0x0008 };
+
 typedef struct ps_reader {
     uint8_t *buf;
     size_t cap;
@@ -18,6 +21,10 @@ typedef struct ps_reader {
     size_t wpos;            /* end of the received bytes */
     uint64_t consumed;      /* stream position of buf[rpos], for error positions */
     uint32_t max_frame;     /* largest accepted size prefix; 0 = unlimited */
+    /* The broker sends each chunk whole in one Deliver frame, whatever
+     * frame_max was negotiated: Deliver frames may be up to max_deliver
+     * (when it is larger than max_frame). */
+    uint32_t max_deliver;
 } ps_reader;
 
 /* Next complete frame (without its size prefix) into *frame / *len.

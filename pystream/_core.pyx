@@ -71,6 +71,7 @@ cdef extern from "frame.h":
         size_t wpos
         uint64_t consumed
         uint32_t max_frame
+        uint32_t max_deliver
     int ps_reader_next(ps_reader *r, const uint8_t **frame, uint32_t *len,
                        ps_error *err) nogil
     size_t ps_reader_missing(const ps_reader *r) nogil
@@ -292,6 +293,7 @@ cdef class FrameReader:
         self.r.rpos = 0
         self.r.wpos = 0
         self.r.consumed = 0
+        self.r.max_deliver = 0
         self.max_frame_size = max_frame_size
 
     @property
@@ -305,6 +307,18 @@ cdef class FrameReader:
         if not 0 <= value <= 0xFFFFFFFF:
             raise ValueError("max_frame_size must be in [0, 2**32)")
         self.r.max_frame = value
+
+    @property
+    def max_deliver_size(self):
+        """Largest accepted Deliver frame when above ``max_frame_size``:
+        brokers send each chunk whole, whatever frame_max says."""
+        return self.r.max_deliver
+
+    @max_deliver_size.setter
+    def max_deliver_size(self, value):
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise ValueError("max_deliver_size must be in [0, 2**32)")
+        self.r.max_deliver = value
 
     cdef bint block_shared(self):
         # Only this reader holds the block: nothing points into it.

@@ -70,6 +70,7 @@ class Connection:
     def __init__(self, address: BrokerAddress, *,
                  ssl_context: ssl.SSLContext | None = None,
                  frame_max: int = 1 << 20,
+                 max_deliver_size: int = 256 << 20,
                  heartbeat: int = 60,
                  connect_timeout: float = 10.0,
                  request_timeout: float = 30.0,
@@ -98,6 +99,8 @@ class Connection:
 
         self._sock: socket.socket | None = None
         self._reader = StreamDecoder(frame_max)
+        # The broker sends a chunk whole in one Deliver, past frame_max.
+        self._reader.max_deliver_size = max_deliver_size
         self._sinks: dict[int, SubscriptionSink] = {}
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()

@@ -116,7 +116,8 @@ def _take_views(array: pa.Array, rows: np.ndarray) -> pa.Array:
 
 
 class _Queued:
-    """A chunk waiting for the application, or the error that ends it."""
+    """A chunk waiting for the application, or (``sub`` None) the end of the
+    consumer with the error to raise there, if any."""
 
     __slots__ = ("sub", "chunk", "batch", "handed", "filtered", "error")
 
@@ -188,7 +189,12 @@ class _Subscription:
         self.consumer._broken(self)
 
     def on_connection_closed(self, error: StreamError | None) -> None:
-        self.consumer._broken(self)
+        if error is None:  # closed on purpose (client.close())
+            self.consumer._end(None, after_queue=True)
+        elif isinstance(error, (ConnectionLost, ConnectionClosed)):
+            self.consumer._broken(self)
+        else:  # bad bytes from the broker: retrying would read them again
+            self.consumer._end(error, after_queue=True)
 
 
 class Message:
@@ -334,7 +340,7 @@ class Consumer:
         self._broken_subs: set[_Subscription] = set()
         self._broken_since: float | None = None
         self._closed = False
-        self._error: BaseException | None = None
+        self._ended = False     # no more chunks will come (see _end)
         self._wakers: list[Callable[[], None]] = []
         self._maintenance = threading.Event()
 
@@ -531,9 +537,12 @@ class Consumer:
                 return None
             self._cond.wait(left)
         item = self._queue[0]
-        if item.error is not None:
+        if item.sub is None:  # the end marker
             self._closed = True
-            raise item.error
+            self._queue.clear()
+            if item.error is not None:
+                raise item.error
+            return None
         return item
 
     def _filter(self, item: _Queued) -> None:
@@ -555,7 +564,7 @@ class Consumer:
         coalescing = self.max_batch_rows or self.max_batch_bytes
         while coalescing and self._queue and rows < limit_rows:
             nxt = self._queue[0]
-            if nxt.error is not None or nxt.sub is not item.sub:
+            if nxt.sub is not item.sub:  # another stream, or the end
                 break
             if (self.max_batch_bytes is not None and parts
                     and size + nxt.chunk.size > self.max_batch_bytes):  # type: ignore[union-attr]
@@ -634,13 +643,14 @@ class Consumer:
         except StreamError:
             pass  # the connection is gone; recovery grants afresh
 
-    def _end(self, error: BaseException, *, after_queue: bool) -> None:
-        """End the consumer with ``error``: raised to the application once the
-        records queued before it were taken (or at once)."""
+    def _end(self, error: BaseException | None, *, after_queue: bool) -> None:
+        """End the consumer: ``error`` is raised to the application once the
+        records queued before it were taken (or at once); with None,
+        iteration just ends there."""
         with self._cond:
-            if self._closed or self._error is not None:
+            if self._closed or self._ended:
                 return
-            self._error = error
+            self._ended = True
             for sub in self._subs.values():
                 sub.live = False
             if not after_queue:
@@ -781,7 +791,7 @@ class Consumer:
             if wait is None or wait > 0:
                 self._maintenance.wait(wait)
                 self._maintenance.clear()
-            if self._closed or self._error is not None:
+            if self._closed or self._ended:
                 for sub in list(self._subs.values()):
                     self._unsubscribe(sub)
                 return

@@ -15,7 +15,6 @@ import pystream
 from pystream import Credit, Filter
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 
-from .conftest import MODERN_URI
 from .raw_publish import amqp_message, publish
 
 N = 5000
@@ -271,12 +270,10 @@ def test_consumer_in_another_thread_is_closed_cleanly(client, filled):
     assert not t.is_alive() and got == []
 
 
-def test_client_close_ends_its_consumers(stream_name):
-    client = pystream.connect(MODERN_URI)
-    client.create_stream(stream_name)
-    try:
-        consumer = client.consumer(stream_name, offset="first")
-        assert consumer.read(1, timeout=0.3).num_rows == 0
-    finally:
-        client.delete_stream(stream_name)
-        client.close()
+def test_client_close_ends_its_consumers(uri, stream):
+    other = pystream.connect(uri)
+    consumer = other.consumer(stream, offset="first")
+    assert consumer.read(1, timeout=0.3).num_rows == 0
+    other.close()
+    assert consumer.read(1, timeout=5).num_rows == 0
+    assert consumer.closed

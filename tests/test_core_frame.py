@@ -105,6 +105,27 @@ def test_frame_too_large_has_position():
     assert len(r.next_frame()) == 101
 
 
+def test_deliver_frames_may_pass_frame_max_up_to_max_deliver_size():
+    """Brokers send a chunk whole in one Deliver, whatever frame_max says."""
+    r = FrameReader(max_frame_size=100)
+    r.max_deliver_size = 1000
+    deliver = b"\x00\x08\x00\x01" + b"d" * 496
+    r.feed(struct.pack(">I", len(deliver)))
+    assert r.next_frame() is None          # the key decides: wait for it
+    r.feed(deliver[:2])
+    assert r.next_frame() is None
+    r.feed(deliver[2:])
+    assert r.next_frame() == deliver
+    r.feed(frame(b"\x00\x08\x00\x01" + b"d" * 997))  # 1001 bytes
+    with pytest.raises(FrameTooLarge):
+        r.next_frame()
+    other = FrameReader(max_frame_size=100)
+    other.max_deliver_size = 1000
+    other.feed(frame(b"\x00\x0f\x00\x01" + b"m" * 200))  # not a Deliver
+    with pytest.raises(FrameTooLarge):
+        other.next_frame()
+
+
 def test_truncated_frame():
     r = FrameReader()
     r.feed(b"\x00\x00\x00\x03abc")

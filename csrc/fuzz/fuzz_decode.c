@@ -4,11 +4,39 @@
  *   - size-prefixed Deliver frames for ps_decode_buffer (frame, chunk,
  *     entries, codecs, AMQP), or
  *   - with bit 7 set, one AMQP 1.0 message for ps_batch_add directly.
+ * The same bytes also go through the frame reader (small frame limits, so
+ * the Deliver exception is exercised), fed in pieces of 1 to 64 bytes.
  * After a successful decode every binary view must lie inside its buffer. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "chunk.h"
+
+static void read_frames(const uint8_t *data, size_t size, uint8_t mode)
+{
+    uint8_t *buf = malloc(size ? size : 1);
+    ps_reader r = {.buf = buf, .cap = size, .max_frame = 64,
+                   .max_deliver = (mode & 1) ? 4096 : 0};
+    size_t fed = 0, step = 1 + mode % 64;
+    while (fed < size) {
+        size_t n = size - fed < step ? size - fed : step;
+        if (ps_reader_missing(&r) > size)
+            abort();        /* never more than a whole frame asks for */
+        memcpy(buf + r.wpos, data + fed, n);
+        r.wpos += n;
+        fed += n;
+        const uint8_t *frame;
+        uint32_t len;
+        ps_error err;
+        int rc;
+        while ((rc = ps_reader_next(&r, &frame, &len, &err)) == PS_OK)
+            if (frame < buf || frame + len > buf + r.wpos)
+                abort();
+        if (rc != PS_NEED_MORE)
+            break;
+    }
+    free(buf);
+}
 
 static void check_views(const ps_batch *b)
 {
@@ -65,5 +93,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();            /* every error names what was wrong */
     ps_batch_free(&b);
     free(copy);
+    read_frames(data, size, mode);
     return 0;
 }
