@@ -45,7 +45,8 @@ setup(
     install_requires=["numpy>=1.26", "pyarrow>=14"],
     extras_require={
         "spark": ["pyspark>=4.0"],
-        "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream"],
+        "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
+                 "pika"],
     },
     zip_safe=False,
 )

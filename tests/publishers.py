@@ -1,0 +1,202 @@
+"""Other clients publishing into a stream, for the consumer's interop tests.
+
+Each function publishes its messages in order, waits until the broker has
+confirmed every one of them, and returns. They take the stream URI the tests
+use (``rabbitmq-stream://user:pass@host:port/vhost``) and speak each client's
+own API:
+
+- ``publish_rbfly``: rbfly (asyncio) ``PublisherBatchFast``, AMQP 1.0 encoded
+  by rbfly (application properties and body only: rbfly 0.10 writes no
+  header, properties or annotations), or ``PublisherBinBatch`` for raw
+  entries.
+- ``publish_rstream``: rstream's ``Producer``: single messages (``send``,
+  batched by rstream up to the frame size) and sub-entries (``send_sub_entry``,
+  codec none or gzip), in the order given.
+- ``publish_amqp091``: pika over AMQP 0-9-1 into the default exchange with
+  the stream's name as routing key, with publisher confirms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import urllib.parse
+from typing import Any, Iterable, Sequence
+
+from pystream.uri import parse_uri
+
+# Stream port -> AMQP 0-9-1 port of the test brokers (scripts/broker).
+AMQP091_PORTS = {5552: 5672, 5562: 5682}
+
+
+def amqp091_url(stream_uri: str) -> str:
+    """The AMQP 0-9-1 URL of the broker behind a stream URI:
+    ``PYSTREAM_TEST_AMQP091_URI`` (modern) / ``PYSTREAM_TEST_LEGACY_AMQP091_URI``
+    (legacy) when set, else the same host and credentials on the AMQP port
+    that ``scripts/broker`` gives the broker (5672 for 5552, 5682 for 5562)."""
+    address = parse_uri(stream_uri)
+    env = {5552: "PYSTREAM_TEST_AMQP091_URI",
+           5562: "PYSTREAM_TEST_LEGACY_AMQP091_URI"}.get(address.port)
+    if env and os.environ.get(env):
+        return os.environ[env]
+    port = AMQP091_PORTS.get(address.port, 5672)
+    q = urllib.parse.quote
+    return (f"amqp://{q(address.username, safe='')}:{q(address.password, safe='')}"
+            f"@{address.host}:{port}/{q(address.virtual_host, safe='')}")
+
+
+def _run(coro) -> Any:
+    """Run a coroutine on a fresh event loop (the tests are synchronous)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(asyncio.wait_for(coro, 120))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+# Publishers write as fast as the broker confirms; the broker's writer puts
+# whatever is pending into one chunk. The helpers wait for the confirms every
+# ``burst_bytes`` (default 512 KiB) so that a test stream holds many chunks;
+# test_consumer_interop.test_chunk_larger_than_frame_max lifts that to get a
+# chunk past frame_max.
+BURST_BYTES = 512 << 10
+
+
+def publish_rbfly(uri: str, stream: str, messages: Sequence[Any], *,
+                  raw: bool = False, burst_bytes: int = BURST_BYTES) -> None:
+    """Publish ``messages`` with rbfly: each an ``AMQPBody`` (bytes: a data
+    section; str, Symbol, numbers, lists, dicts...: an amqp-value) or a
+    ``MessageCtx`` (for application properties). ``raw=True`` sends bytes
+    as they are (``PublisherBinBatch``, no AMQP). Flushes (and so waits for
+    the broker's confirms) every ``burst_bytes`` of encoded messages."""
+    import rbfly.streams as rbs
+    from rbfly.amqp import MessageCtx, encode_amqp
+    from rbfly.streams._client import PublisherBinBatch
+
+    cls = PublisherBinBatch if raw else rbs.PublisherBatchFast
+    scratch = bytearray(4 << 20)
+
+    def size(m: Any) -> int:
+        if raw:
+            return len(m)
+        if type(m) is not MessageCtx:
+            m = MessageCtx(m, None, None, None, None, None, None)
+        return encode_amqp(scratch, m)
+
+    async def go() -> None:
+        client = rbs.streams_client(uri)
+        try:
+            async with client.publisher(stream, cls=cls,
+                                        name=f"interop-{stream}") as publisher:
+                pending = 0
+                for m in messages:
+                    n = size(m) + 12
+                    if pending and pending + n > burst_bytes:
+                        await publisher.flush()
+                        pending = 0
+                    publisher.batch(m)
+                    pending += n
+                await publisher.flush()
+        finally:
+            await client.disconnect()
+
+    _run(go())
+
+
+# --- rstream ----------------------------------------------------------------
+
+def publish_rstream(uri: str, stream: str,
+                    segments: Iterable[tuple[str, Sequence[Any]]], *,
+                    burst_bytes: int = BURST_BYTES, timeout: float = 60) -> None:
+    """Publish with rstream's ``Producer``. ``segments`` is a sequence of
+    ``(kind, messages)``: kind ``"send"`` publishes each message on its own
+    (``Producer.send``: rstream buffers them and writes Publish frames of up
+    to frame_max), ``"sub-none"`` / ``"sub-gzip"`` publishes the messages as
+    one sub-entry with that codec (``send_sub_entry``). Messages are
+    ``rstream.AMQPMessage`` or bytes. rstream queues both kinds in one
+    buffer and writes it in order, so the stream holds the messages in the
+    order given. Waits for the confirms every ``burst_bytes``, and returns
+    once every message is confirmed."""
+    from rstream import CompressionType, Producer
+
+    address = parse_uri(uri)
+    codecs = {"sub-none": CompressionType.No, "sub-gzip": CompressionType.Gzip}
+    items: list[tuple[str, Any, int]] = []     # (kind, message(s), bytes)
+    for kind, messages in segments:
+        if kind == "send":
+            items.extend(("send", m, len(bytes(m)) + 12) for m in messages)
+        elif messages:
+            items.append((kind, list(messages),
+                          sum(len(bytes(m)) + 4 for m in messages) + 20))
+
+    async def go() -> None:
+        confirmed = failed = 0
+        changed = asyncio.Event()
+
+        def on_confirm(status) -> None:
+            nonlocal confirmed, failed
+            confirmed += 1
+            failed += not status.is_confirmed
+            changed.set()
+
+        async def wait_for(count: int) -> None:
+            async def loop() -> None:
+                while confirmed < count:
+                    changed.clear()
+                    await changed.wait()
+            await asyncio.wait_for(loop(), timeout)
+            if failed:
+                raise AssertionError(f"rstream: {failed} messages not confirmed")
+
+        producer = Producer(address.host, address.port,
+                            username=address.username, password=address.password,
+                            vhost=address.virtual_host)
+        await producer.start()
+        try:
+            sent = pending = 0
+            for kind, entry, n in items:
+                if pending and pending + n > burst_bytes:
+                    await wait_for(sent)
+                    pending = 0
+                if kind == "send":
+                    await producer.send(stream, entry, on_publish_confirm=on_confirm)
+                else:
+                    await producer.send_sub_entry(stream, entry,
+                                                  compression_type=codecs[kind],
+                                                  on_publish_confirm=on_confirm)
+                sent += 1
+                pending += n
+            await wait_for(sent)
+        finally:
+            await producer.close()
+
+    _run(go())
+
+
+# --- AMQP 0-9-1 (pika) ------------------------------------------------------
+
+def declare_stream_amqp091(url: str, stream: str) -> None:
+    """Declare ``stream`` as an AMQP 0-9-1 queue of type stream."""
+    import pika
+
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(stream, durable=True,
+                              arguments={"x-queue-type": "stream"})
+
+
+def publish_amqp091(url: str, stream: str,
+                    messages: Sequence[tuple[bytes, Any]]) -> None:
+    """Publish ``(body, pika.BasicProperties)`` pairs through the default
+    exchange with ``routing_key=stream``, on a channel in confirm mode
+    (``basic_publish`` returns once the broker confirmed; an unroutable
+    message raises, ``mandatory=True``)."""
+    import pika
+
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body, properties in messages:
+            channel.basic_publish(exchange="", routing_key=stream, body=body,
+                                  properties=properties, mandatory=True)
