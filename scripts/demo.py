@@ -15,7 +15,7 @@ import time
 import pystream
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from tests.raw_publish import fill  # noqa: E402
+from tests.publishers import fill  # noqa: E402
 
 URI = os.environ.get("PYSTREAM_URI", "rabbitmq-stream://guest:guest@localhost:5552/")
 STREAM = "pystream-demo"

@@ -10,7 +10,7 @@ import pytest
 import pystream.aio
 
 from .conftest import MODERN_URI
-from .raw_publish import amqp_message, publish
+from .publishers import amqp_message, publish
 
 pytestmark = pytest.mark.broker
 

@@ -15,7 +15,9 @@ import pystream
 from pystream import Credit, Filter
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 
-from .raw_publish import amqp_message, publish
+from .conftest import MODERN_URI
+from .publishers import (amqp091_url, amqp_message, declare_stream_amqp091,
+                         publish)
 
 N = 5000
 
@@ -228,6 +230,32 @@ def test_super_stream(modern, stream_name):
             assert seen[p] == [f"{p}:{j}".encode() for j in range(100 * (i + 1))]
     finally:
         modern.delete_super_stream(stream_name)
+
+
+def test_super_stream_partition_added_later(modern, stream_name):
+    pika = pytest.importorskip("pika")
+    modern.create_super_stream(stream_name, partitions=2)
+    new = f"{stream_name}-2"
+    try:
+        with modern.consumer(super_stream=stream_name, offset="first",
+                             partition_refresh_seconds=0.3) as consumer:
+            assert sorted(consumer.positions) == [f"{stream_name}-0",
+                                                  f"{stream_name}-1"]
+            # Grow the super stream as RabbitMQ tools do: a stream queue
+            # bound to the super stream's exchange with the next order.
+            declare_stream_amqp091(amqp091_url(MODERN_URI), new)
+            with pika.BlockingConnection(pika.URLParameters(
+                    amqp091_url(MODERN_URI))) as connection:
+                connection.channel().queue_bind(
+                    new, stream_name, routing_key="2",
+                    arguments={"x-stream-partition-order": 2})
+            publish(modern, new, [amqp_message(b"in the new partition")])
+            table = consumer.read(1, timeout=10)
+            assert table.column("body").to_pylist() == [b"in the new partition"]
+            assert consumer.positions[new] == 1
+    finally:
+        modern.delete_super_stream(stream_name)
+        modern.delete_stream(new, missing_ok=True)
 
 
 def test_filtering(modern, stream_name):

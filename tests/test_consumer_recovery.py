@@ -18,7 +18,7 @@ import pystream
 from pystream import ConnectionLost, Credit
 
 from .conftest import BROKER_SCRIPT, MODERN_URI, broker_ctl
-from .raw_publish import fill
+from .publishers import fill
 
 pytestmark = pytest.mark.broker
 
