@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from . import protocol as P
 from ._core import Chunk, schema
-from .credit import Credit, CreditController
+from .credit import Credit, CreditController, subscribe_credit
 from .errors import (ConnectionClosed, ConnectionLost, NoOffset,
                      RequestTimeout, StreamDoesNotExist, StreamError,
                      StreamNotAvailable)
@@ -700,11 +700,13 @@ class Consumer:
         with self._cond:
             sub.connection, sub.subscription_id = conn, sub_id
             sub.live = True
-            credits = sub.credit.start()
+            now, after = subscribe_credit(sub.credit.start())
         try:
             conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
-                                               credits, self._properties()),
+                                               now, self._properties()),
                          f"subscribe to {sub.stream!r}")
+            if after:
+                conn.send(P.Credit(sub_id, after))
         except BaseException:
             with self._cond:
                 sub.live = False

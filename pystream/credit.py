@@ -32,7 +32,15 @@ Policies:
     Grants only what ``Consumer.grant_credit(n)`` asks for.
 
 Sizes are counted in wire bytes (the Deliver frame), which is what the
-decoded batch pins in memory for ``body="view"``.
+decoded batch pins in memory for ``body="view"``. The adaptive policy starts
+with two chunks in flight and sizes its window once chunks arrive, so the
+bound holds for chunks much larger than the frame size limit (the broker
+sends a chunk whole; 8 MB chunks are common).
+
+The broker takes the credit of the Subscribe command as its reference: while
+a subscription's credit is at or below half of it, further Credit commands
+do not restart delivery (measured on RabbitMQ 4.0). Hence ``subscribe_credit``:
+subscribe with one credit and send the rest in a Credit command at once.
 """
 
 from __future__ import annotations
@@ -43,6 +51,14 @@ from typing import Literal
 Mode = Literal["adaptive", "on_arrival", "on_consumed", "manual"]
 
 MAX_CREDIT = 0xFFFF  # the Credit and Subscribe fields are u16
+SLOW_START = 2       # adaptive: chunks in flight before a chunk size is known
+
+
+def subscribe_credit(credits: int) -> tuple[int, int]:
+    """Split ``credits`` into (in the Subscribe command, in a Credit command
+    right after it); see the module documentation."""
+    first = min(credits, 1)
+    return first, credits - first
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,7 @@ class CreditController:
     def __init__(self, policy: Credit, chunk_size_hint: int) -> None:
         self.policy = policy
         self.chunk_estimate = max(1, chunk_size_hint)
+        self.sized = False      # a chunk arrived: the estimate is measured
         self.outstanding = 0    # granted, chunk not yet arrived
         self.queued_bytes = 0   # arrived, not yet handed to the application
 
@@ -104,6 +121,8 @@ class CreditController:
         if p.mode == "adaptive":
             self.outstanding = 0
             credits = self._adaptive_grant(threshold=False)
+            if not self.sized:
+                credits = self.outstanding = min(credits, SLOW_START)
         else:
             credits = self.outstanding = p.initial
         return credits
@@ -115,6 +134,7 @@ class CreditController:
         # Decaying maximum: follows smaller chunks slowly, larger ones at once.
         est = self.chunk_estimate
         self.chunk_estimate = max(size, est - (est - size) // 16)
+        self.sized = True
         mode = self.policy.mode
         if mode == "on_arrival":
             return self._grant(1)

@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from pystream.credit import Credit, CreditController
+from pystream.credit import Credit, CreditController, subscribe_credit
 
 
 def test_adaptive_never_lets_queue_and_flight_pass_the_budget():
     budget, chunk = 8 << 20, 1 << 20
     c = CreditController(Credit.adaptive(budget, max_outstanding=64), chunk)
     in_flight = c.start()
-    assert in_flight == 8
+    assert in_flight == 2   # slow start until a chunk shows its size
     queue: list[int] = []
     rng = random.Random(1)
     for step in range(10_000):
@@ -38,13 +38,35 @@ def test_adaptive_keeps_one_credit_when_the_budget_is_below_a_chunk():
 
 def test_adaptive_fills_the_pipe_when_the_application_keeps_up():
     c = CreditController(Credit.adaptive(64 << 20, max_outstanding=16), 1 << 20)
-    assert c.start() == 16
+    assert c.start() == 2
     granted = 0
     for _ in range(100):
         granted += c.arrived(100_000)
         granted += c.handed(100_000, 0.0, 1.0)
     assert c.outstanding >= 12   # topped up in quarter steps
     assert granted >= 100 - 4
+
+
+def test_adaptive_sizes_its_window_on_chunks_larger_than_the_hint():
+    """8 MB chunks on a 1 MiB frame_max (the broker sends chunks whole)."""
+    budget, chunk = 64 << 20, 8 << 20
+    c = CreditController(Credit.adaptive(budget), 1 << 20)
+    in_flight = c.start()
+    queued = 0
+    for _ in range(50):   # an application that never takes anything
+        if not in_flight:
+            break
+        in_flight -= 1
+        queued += chunk
+        in_flight += c.arrived(chunk)
+        assert queued + in_flight * chunk <= budget + chunk
+    assert in_flight == 0 and budget - chunk < queued <= budget + chunk
+
+
+def test_subscribe_credit_keeps_the_broker_threshold_at_zero():
+    assert subscribe_credit(64) == (1, 63)
+    assert subscribe_credit(1) == (1, 0)
+    assert subscribe_credit(0) == (0, 0)
 
 
 def test_on_arrival_and_on_consumed():
