@@ -32,8 +32,11 @@ unit: build
 fuzz: deps
 	scripts/fuzz $(FUZZ_SECONDS)
 
+# Decode speed (no broker), then end to end against the modern broker
+# beside rbfly, rstream and the wire limit (bench/bench_consume.py --help).
 bench: build brokers
-	$(PY) -m pytest bench --benchmark-only
+	$(PY) -m pytest bench/bench_decode.py --benchmark-only
+	$(PY) bench/bench_consume.py
 
 clean:
 	rm -rf build dist *.egg-info pystream/_core.c pystream/*.so
