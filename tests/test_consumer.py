@@ -138,6 +138,26 @@ def test_credit_policies_read_everything(client, filled, credit):
         assert consumer.read(N, timeout=10).num_rows == N
 
 
+@pytest.mark.parametrize("credit", [Credit.adaptive(max_buffered_bytes=4 << 20),
+                                    Credit.on_consumed(10)])
+def test_chunks_past_frame_max_do_not_stall_credit(client, stream, credit):
+    """Bursts make the broker write chunks of several MB (sent whole, past
+    the 1 MiB frame_max): a small credit window must not stall delivery."""
+    n = 20_000
+    publish(client, stream, [amqp_message(b"%07d" % i + b"x" * 2000)
+                             for i in range(n)], batch=200)
+    with client.consumer(stream, offset="first", credit=credit) as consumer:
+        sizes = []
+        rows = 0
+        for batch in consumer.batches(timeout=5):
+            rows += batch.num_rows
+            sizes.append(batch.num_rows * 2048)
+            if rows >= n:
+                break
+    assert rows == n
+    assert max(sizes) > 1 << 20
+
+
 def test_manual_credit(client, stream):
     for i in range(3):  # three publishes, three chunks
         publish(client, stream, [amqp_message(b"x")] * 10)
