@@ -331,7 +331,6 @@ class Consumer:
             max_chunk_size=max_chunk_size)
         self.schema = schema(columns=columns, body=body,  # type: ignore[arg-type]
                              error_policy=error_policy)  # type: ignore[arg-type]
-        self._offset = offset
         self._start = offset_spec(offset)
 
         self._cond = threading.Condition()
