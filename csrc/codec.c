@@ -15,6 +15,11 @@ struct ps_codecs {
     int z_ready;
     LZ4F_dctx *lz4;
     ZSTD_DCtx *zstd;
+    /* compression side */
+    z_stream zc;
+    int zc_ready;
+    LZ4F_cctx *lz4c;
+    ZSTD_CCtx *zstdc;
 };
 
 ps_codecs *ps_codecs_new(void)
@@ -30,6 +35,10 @@ void ps_codecs_free(ps_codecs *c)
         inflateEnd(&c->z);
     LZ4F_freeDecompressionContext(c->lz4);
     ZSTD_freeDCtx(c->zstd);
+    if (c->zc_ready)
+        deflateEnd(&c->zc);
+    LZ4F_freeCompressionContext(c->lz4c);
+    ZSTD_freeCCtx(c->zstdc);
     free(c);
 }
 
@@ -60,8 +69,11 @@ static int gunzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                    "invalid or truncated gzip data");
 }
 
-/* snappy framing format: chunks of `u8 type | u24le length | data`.  Data
- * chunks carry the masked CRC-32C of their uncompressed bytes. */
+/* snappy framing format: chunks of `u8 type | u24le length | data`, the
+ * first one the stream identifier.  Data chunks carry the masked CRC-32C of
+ * their uncompressed bytes. */
+static const uint8_t snappy_ident[10] = {0xff, 6, 0, 0, 's', 'N', 'a', 'P', 'p', 'Y'};
+
 static uint32_t snappy_mask(uint32_t crc)
 {
     return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
@@ -70,11 +82,10 @@ static uint32_t snappy_mask(uint32_t crc)
 static int unsnappy(const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
                     size_t *out, uint64_t pos, ps_error *err)
 {
-    static const uint8_t ident[10] = {0xff, 6, 0, 0, 's', 'N', 'a', 'P', 'p', 'Y'};
     size_t i = 0, o = 0;
-    if (n < sizeof ident || memcmp(src, ident, sizeof ident) != 0)
+    if (n < sizeof snappy_ident || memcmp(src, snappy_ident, sizeof snappy_ident) != 0)
         return ps_fail(err, PS_E_CHUNK, pos, "snappy frame lacks its stream identifier");
-    i = sizeof ident;
+    i = sizeof snappy_ident;
     while (i < n) {
         if (n - i < 4)
             return ps_fail(err, PS_E_CHUNK, pos + i, "truncated snappy chunk header");
@@ -87,7 +98,7 @@ static int unsnappy(const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
         const uint8_t *d = src + i;
         i += len;
         if (type == 0xff) {
-            if (len != 6 || memcmp(d, ident + 4, 6) != 0)
+            if (len != 6 || memcmp(d, snappy_ident + 4, 6) != 0)
                 return ps_fail(err, PS_E_CHUNK, at, "bad snappy stream identifier");
             continue;
         }
@@ -183,5 +194,144 @@ int ps_decompress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
         return unzstd(c, src, n, dst, cap, out_len, pos, err);
     default:
         return ps_fail(err, PS_E_CHUNK, pos, "unknown sub-batch codec");
+    }
+}
+
+/* --- compression ---------------------------------------------------------- */
+
+/* The framing format caps a chunk at 64 KiB of uncompressed data. */
+enum { SNAPPY_BLOCK = 65536 };
+
+/* lz4: default block size and level, no checksums (the chunk CRC covers the
+ * entries); autoFlush makes one update call write every block, so the
+ * bound below holds for it. */
+static const LZ4F_preferences_t lz4_prefs = {.autoFlush = 1};
+
+size_t ps_compress_bound(int codec, size_t n)
+{
+    size_t blocks;
+    switch (codec) {
+    case PS_CODEC_GZIP:     /* compressBound counts zlib's 6-byte wrapper, gzip's is 18 */
+        return compressBound((uLong)n) + 18;
+    case PS_CODEC_SNAPPY:   /* identifier, then per block a header, a CRC and
+                               snappy's worst case (32 + b + b/6) */
+        blocks = (n + SNAPPY_BLOCK - 1) / SNAPPY_BLOCK;
+        return sizeof snappy_ident + blocks * (8 + 32) + n + n / 6;
+    case PS_CODEC_LZ4:
+        return LZ4F_HEADER_SIZE_MAX + LZ4F_compressBound(n, &lz4_prefs) +
+               LZ4F_compressBound(0, &lz4_prefs);
+    case PS_CODEC_ZSTD:
+        return ZSTD_compressBound(n);
+    default:
+        return n;
+    }
+}
+
+static int gzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
+                size_t *out, ps_error *err)
+{
+    if (!c->zc_ready) {
+        if (deflateInit2(&c->zc, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS,
+                         8, Z_DEFAULT_STRATEGY) != Z_OK)
+            return ps_fail(err, PS_E_NOMEM, 0, "zlib deflateInit2 failed");
+        c->zc_ready = 1;
+    } else if (deflateReset(&c->zc) != Z_OK) {
+        return ps_fail(err, PS_E_NOMEM, 0, "zlib deflateReset failed");
+    }
+    c->zc.next_in = (Bytef *)src;
+    c->zc.avail_in = (uInt)n;
+    c->zc.next_out = dst;
+    c->zc.avail_out = (uInt)ps_compress_bound(PS_CODEC_GZIP, n);
+    /* with room for the bound, one Z_FINISH call writes the whole member */
+    if (deflate(&c->zc, Z_FINISH) != Z_STREAM_END)
+        return ps_fail(err, PS_E_NOMEM, 0, "zlib deflate failed");
+    *out = c->zc.total_out;
+    return PS_OK;
+}
+
+/* `u8 type | u24le length | u32le masked CRC-32C` */
+static void snappy_chunk_header(uint8_t *p, uint8_t type, size_t len, uint32_t crc)
+{
+    p[0] = type;
+    p[1] = (uint8_t)len;
+    p[2] = (uint8_t)(len >> 8);
+    p[3] = (uint8_t)(len >> 16);
+    p[4] = (uint8_t)crc;
+    p[5] = (uint8_t)(crc >> 8);
+    p[6] = (uint8_t)(crc >> 16);
+    p[7] = (uint8_t)(crc >> 24);
+}
+
+static int snappy(const uint8_t *src, size_t n, uint8_t *dst, size_t *out,
+                  ps_error *err)
+{
+    size_t o = sizeof snappy_ident;
+    memcpy(dst, snappy_ident, sizeof snappy_ident);
+    for (size_t i = 0; i < n;) {
+        size_t b = n - i < SNAPPY_BLOCK ? n - i : SNAPPY_BLOCK;
+        size_t len = snappy_max_compressed_length(b);
+        uint8_t type = 0x00;
+        if (snappy_compress((const char *)src + i, b, (char *)dst + o + 8, &len) != SNAPPY_OK)
+            return ps_fail(err, PS_E_NOMEM, 0, "snappy compression failed");
+        if (len >= b) {     /* incompressible: an uncompressed chunk is smaller */
+            type = 0x01;
+            len = b;
+            memcpy(dst + o + 8, src + i, b);
+        }
+        snappy_chunk_header(dst + o, type, len + 4, snappy_mask(ps_crc32c(src + i, b)));
+        o += 8 + len;
+        i += b;
+    }
+    *out = o;
+    return PS_OK;
+}
+
+static int lz4(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
+               size_t *out, ps_error *err)
+{
+    if (!c->lz4c && LZ4F_isError(LZ4F_createCompressionContext(&c->lz4c, LZ4F_VERSION)))
+        return ps_fail(err, PS_E_NOMEM, 0, "lz4 context allocation failed");
+    size_t cap = ps_compress_bound(PS_CODEC_LZ4, n), o, r;
+    o = LZ4F_compressBegin(c->lz4c, dst, cap, &lz4_prefs);
+    if (LZ4F_isError(o))
+        return ps_fail(err, PS_E_NOMEM, 0, "lz4 compression failed");
+    r = LZ4F_compressUpdate(c->lz4c, dst + o, cap - o, src, n, NULL);
+    if (LZ4F_isError(r))
+        return ps_fail(err, PS_E_NOMEM, 0, "lz4 compression failed");
+    o += r;
+    r = LZ4F_compressEnd(c->lz4c, dst + o, cap - o, NULL);
+    if (LZ4F_isError(r))
+        return ps_fail(err, PS_E_NOMEM, 0, "lz4 compression failed");
+    *out = o + r;
+    return PS_OK;
+}
+
+static int zstd(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
+                size_t *out, ps_error *err)
+{
+    if (!c->zstdc && !(c->zstdc = ZSTD_createCCtx()))
+        return ps_fail(err, PS_E_NOMEM, 0, "zstd context allocation failed");
+    size_t r = ZSTD_compressCCtx(c->zstdc, dst, ZSTD_compressBound(n), src, n,
+                                 ZSTD_CLEVEL_DEFAULT);
+    if (ZSTD_isError(r))
+        return ps_fail(err, PS_E_NOMEM, 0, "zstd compression failed");
+    *out = r;
+    return PS_OK;
+}
+
+int ps_compress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
+                uint8_t *dst, size_t *out_len, ps_error *err)
+{
+    switch (codec) {
+    case PS_CODEC_GZIP:
+        return gzip(c, src, n, dst, out_len, err);
+    case PS_CODEC_SNAPPY:
+        return snappy(src, n, dst, out_len, err);
+    case PS_CODEC_LZ4:
+        return lz4(c, src, n, dst, out_len, err);
+    case PS_CODEC_ZSTD:
+        return zstd(c, src, n, dst, out_len, err);
+    default:
+        return ps_fail(err, PS_E_PROTOCOL, 0, "unknown sub-batch codec");
     }
 }

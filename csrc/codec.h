@@ -12,7 +12,8 @@
 enum { PS_CODEC_NONE = 0, PS_CODEC_GZIP, PS_CODEC_SNAPPY, PS_CODEC_LZ4,
        PS_CODEC_ZSTD, PS_CODEC_COUNT };
 
-/* Reusable decompression contexts (one per decoder: not thread-safe). */
+/* Reusable (de)compression contexts, made on first use (one per decoder or
+ * encoder: not thread-safe). */
 typedef struct ps_codecs ps_codecs;
 
 ps_codecs *ps_codecs_new(void);
@@ -25,5 +26,18 @@ void ps_codecs_free(ps_codecs *c);
 int ps_decompress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
                   uint8_t *dst, size_t cap, size_t *out_len, uint64_t pos,
                   ps_error *err);
+
+/* Compression, the producer side: the formats above as every client reads
+ * them (gzip one member, snappy framing with a masked CRC-32C per chunk, lz4
+ * frame, zstd frame), at each library's default level. */
+
+/* Most bytes ps_compress produces from n input bytes (codecs 1-4; n for 0). */
+size_t ps_compress_bound(int codec, size_t n);
+
+/* Compress src[0..n) (n < 4 GiB) into dst, which has room for
+ * ps_compress_bound(codec, n) bytes; *out_len is the size produced.
+ * PS_E_NOMEM if a context cannot be made or the library fails. */
+int ps_compress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
+                uint8_t *dst, size_t *out_len, ps_error *err);
 
 #endif

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 Buffer = bytes | bytearray | memoryview
 Column = Literal["properties", "application_properties", "message_annotations", "header"]
 Body = Literal["view", "binary"]
 ErrorPolicy = Literal["raise", "skip", "raw"]
+Codec = Literal["none", "gzip", "snappy", "lz4", "zstd"]
+Strings = pa.Array | pa.ChunkedArray
 
 def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 of ``data`` continuing from ``value``; same as zlib.crc32."""
@@ -53,3 +56,21 @@ class StreamDecoder(FrameReader):
                   max_chunk_size: int = 1 << 30) -> None: ...
     def unsubscribe(self, subscription_id: int) -> None: ...
     def next_event(self) -> Chunk | bytes | None: ...
+
+def encode_publish(publisher_id: int, first_publishing_id: int,
+                   bodies: Strings | Sequence[bytes], *,
+                   properties: pa.StructArray | None = None,
+                   application_properties: pa.MapArray | None = None,
+                   message_annotations: pa.MapArray | None = None,
+                   filter_values: Strings | None = None, amqp: bool = True,
+                   compression: Codec | None = None, sub_batch_size: int = 100,
+                   max_frame_size: int = 1 << 20) -> tuple[pa.Buffer, np.ndarray]:
+    """Size-prefixed Publish frames (v2 with filter values) and the number
+    of messages of each entry (int64), one per publishing id from
+    ``first_publishing_id``; no frame exceeds ``max_frame_size`` bytes with
+    its size prefix (0: unlimited)."""
+
+def murmur3_32(keys: Strings | Sequence[str | bytes | None],
+               seed: int = 104729) -> np.ndarray:
+    """MurmurHash3 x86_32 of each key (uint32; a null hashes as empty), as the
+    stream clients route super stream messages."""
