@@ -52,6 +52,20 @@ class SubscriptionSink(Protocol):
 
     def on_connection_closed(self, error: StreamError | None) -> None: ...
 
+
+class PublisherSink(Protocol):
+    """What the connection tells a publisher (in the reader thread)."""
+
+    stream: str
+
+    def on_confirm(self, frame: memoryview) -> None: ...
+
+    def on_publish_error(self, errors: tuple) -> None: ...
+
+    def on_metadata_update(self, code: int) -> None: ...
+
+    def on_connection_closed(self, error: StreamError | None) -> None: ...
+
 # Command versions this client speaks, announced to 3.11+ brokers.
 CLIENT_COMMAND_VERSIONS = (
     P.CommandVersion(P.Publish.KEY, 1, 2),
@@ -102,6 +116,7 @@ class Connection:
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
         self._sinks: dict[int, SubscriptionSink] = {}
+        self._publishers: dict[int, PublisherSink] = {}
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending: dict[int, Future] = {}
@@ -262,6 +277,20 @@ class Connection:
     def subscription_count(self) -> int:
         return len(self._sinks)
 
+    def add_publisher(self, sink: PublisherSink) -> int:
+        """Give ``sink`` a free publisher id; the caller then declares it."""
+        with self._state_lock:
+            self._check_open()
+            free = next((i for i in range(256) if i not in self._publishers), None)
+            if free is None:
+                raise ValueError("this connection already has 256 publishers")
+            self._publishers[free] = sink
+        return free
+
+    def remove_publisher(self, publisher_id: int) -> None:
+        with self._state_lock:
+            self._publishers.pop(publisher_id, None)
+
     def on_close(self, listener: Callable[[StreamError | None], None]) -> None:
         self._close_listeners.append(listener)
 
@@ -354,10 +383,17 @@ class Connection:
                     sink.on_chunk(event)
 
     def _dispatch(self, frame: memoryview) -> None:
-        handler = self._handlers.get(P.frame_key(frame))
+        key = P.frame_key(frame)
+        handler = self._handlers.get(key)
         if handler is not None:
             handler(frame)
             return
+        if key == P.PublishConfirm.KEY and len(frame) > 4:
+            # Confirms are parsed by the producer (vectorised), not here.
+            publisher = self._publishers.get(frame[4])
+            if publisher is not None:
+                publisher.on_confirm(frame)
+                return
         cmd = P.decode(frame)
         corr = getattr(cmd, "correlation_id", None)
         if isinstance(cmd, (P.Response, P.MetadataResponse)):
@@ -378,8 +414,12 @@ class Connection:
                     P.OffsetSpec(P.OFFSET_NEXT)))
             else:
                 sink.on_consumer_update(cmd.correlation_id, bool(cmd.active))
+        elif isinstance(cmd, P.PublishError):
+            publisher = self._publishers.get(cmd.publisher_id)
+            if publisher is not None:
+                publisher.on_publish_error(cmd.errors)
         elif isinstance(cmd, P.MetadataUpdate):
-            for sink in list(self._sinks.values()):
+            for sink in [*self._sinks.values(), *self._publishers.values()]:
                 if sink.stream == cmd.stream:
                     sink.on_metadata_update(cmd.code)
         elif isinstance(cmd, P.Heartbeat):
@@ -427,6 +467,8 @@ class Connection:
             listener(error)
         for sink in list(self._sinks.values()):
             sink.on_connection_closed(error)
+        for publisher in list(self._publishers.values()):
+            publisher.on_connection_closed(error)
 
     def _shutdown_socket(self) -> None:
         sock, self._sock = self._sock, None

@@ -73,6 +73,15 @@ class MalformedMessage(StreamError):
     """An AMQP 1.0 message inside an entry cannot be decoded."""
 
 
+class PublishError(StreamError):
+    """The broker refused a published message: ``publishing_id`` says which,
+    ``code`` why (e.g. 0x12 publisher does not exist, 0x10 access refused)."""
+
+    def __init__(self, message: str, *, publishing_id: int, code: int) -> None:
+        super().__init__(message, code=code)
+        self.publishing_id = publishing_id
+
+
 # --- broker answers (response codes) ----------------------------------------
 
 class ResponseError(StreamError):
