@@ -7,11 +7,13 @@ from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
 from .client import Client, StreamInfo, connect
 from .consumer import Consumer, Filter, Message
 from .credit import Credit
+from .producer import Producer, SuperStreamProducer
 from .errors import (AccessRefused, AuthenticationFailure,
                      AuthenticationFailureLoopback, ConnectionClosed,
                      ConnectionLost, CorruptChunk, DecompressionLimit,
                      FrameTooLarge, InternalError, MalformedMessage, NoOffset,
-                     PreconditionFailed, ProtocolError, PublisherDoesNotExist,
+                     PreconditionFailed, ProtocolError, PublishError,
+                     PublisherDoesNotExist,
                      RequestTimeout, ResponseError, SaslError,
                      SaslMechanismNotSupported, StreamAlreadyExists,
                      StreamDoesNotExist, StreamError, StreamNotAvailable,
@@ -26,7 +28,8 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "connect", "Client", "Endpoint", "StreamInfo",
     "BrokerAddress", "parse_uri", "AddressResolver",
-    "Consumer", "Filter", "Message", "Credit",
+    "Consumer", "Filter", "Message", "Credit", "Producer",
+    "SuperStreamProducer", "PublishError",
     "decode", "schema", "StreamDecoder", "Chunk", "FrameReader", "crc32",
     "StreamError", "ConnectionLost", "ConnectionClosed", "RequestTimeout",
     "UnsupportedFeature", "ProtocolError", "TruncatedFrame", "FrameTooLarge",

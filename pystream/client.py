@@ -21,6 +21,7 @@ from .uri import BrokerAddress, parse_uri
 
 if TYPE_CHECKING:
     from .consumer import Consumer
+    from .producer import Producer, SuperStreamProducer
 
 # create_stream keyword -> the broker's queue argument.
 STREAM_ARGUMENTS = {
@@ -100,6 +101,18 @@ class Client:
         ``pystream.consumer.Consumer`` for the options."""
         from .consumer import Consumer
         return Consumer(self, stream, offset, **options)
+
+    def producer(self, stream: str | None = None, *,
+                 super_stream: str | None = None,
+                 **options: Any) -> Producer | SuperStreamProducer:
+        """Publish to ``stream``, or to the partitions of ``super_stream``
+        (with ``routing_key=`` or ``route=``); see ``pystream.producer``."""
+        from .producer import Producer, SuperStreamProducer
+        if (stream is None) == (super_stream is None):
+            raise ValueError("give a stream or super_stream=, not both")
+        if super_stream is not None:
+            return SuperStreamProducer(self, super_stream, **options)
+        return Producer(self, stream, **options)  # type: ignore[arg-type]
 
     def locate(self, stream: str, *, replica: bool = True) -> Endpoint:
         """The node to read ``stream`` from: a replica when there is one and

@@ -1,0 +1,589 @@
+"""The producer: messages encoded in C into Publish frames, confirms counted
+with numpy, memory bounded by ``max_in_flight``, deduplication for named
+producers, and unconfirmed frames sent again after a reconnection.
+
+A batch (``send_batch``, or the messages ``send`` gathered for up to
+``batch_size`` messages or ``linger_ms``) is one ``_Batch``: its frames are
+kept until every publishing id in it is confirmed (or refused), then its
+future is resolved. Publishing ids increase: one per message, or one per
+sub-batch with compression.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import protocol as P
+from ._core import encode_publish, murmur3_32, schema
+from .consumer import take_rows
+from .errors import (ConnectionClosed, ConnectionLost, PublishError,
+                     RequestTimeout, StreamDoesNotExist, StreamError,
+                     StreamNotAvailable)
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .connection import Connection
+
+log = logging.getLogger("pystream")
+
+Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
+FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
+
+PROPERTIES = schema(columns=["properties"]).field("properties").type
+STRING_MAP = pa.map_(pa.string(), pa.string())
+CODECS = (None, "none", "gzip", "snappy", "lz4", "zstd")
+RETRYABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
+             StreamNotAvailable, OSError)
+
+
+class _Batch:
+    """Frames sent and waiting for their confirms."""
+
+    __slots__ = ("first_id", "counts", "remaining", "messages", "frames",
+                 "future", "message_futures", "failures")
+
+    def __init__(self, first_id: int, counts: np.ndarray, frames: bytes,
+                 message_futures: list[Future] | None) -> None:
+        self.first_id = first_id
+        self.counts = counts                # messages per publishing id
+        self.remaining = len(counts)        # ids not yet confirmed or refused
+        self.messages = int(counts.sum())
+        self.frames = frames
+        self.future: Future = Future()
+        self.message_futures = message_futures
+        self.failures: list[tuple[int, int]] = []
+
+    @property
+    def last_id(self) -> int:
+        return self.first_id + len(self.counts) - 1
+
+    def resolve(self) -> None:
+        if not self.failures:
+            self.future.set_result(self.last_id)
+        else:
+            pid, code = self.failures[0]
+            self.future.set_exception(PublishError(
+                f"the broker refused {len(self.failures)} message(s) of the "
+                f"batch, first publishing id {pid} (code {code:#04x})",
+                publishing_id=pid, code=code))
+        if self.message_futures is not None:
+            refused = dict(self.failures)
+            first_message = np.concatenate([[0], np.cumsum(self.counts)])
+            for i in range(len(self.counts)):
+                pid = self.first_id + i
+                for f in self.message_futures[first_message[i]:first_message[i + 1]]:
+                    if pid in refused:
+                        f.set_exception(PublishError(
+                            f"publishing id {pid} refused (code {refused[pid]:#04x})",
+                            publishing_id=pid, code=refused[pid]))
+                    else:
+                        f.set_result(pid)
+
+    def fail(self, error: BaseException) -> None:
+        self.future.set_exception(error)
+        for f in self.message_futures or ():
+            f.set_exception(error)
+
+
+class Producer:
+    """Publishes to one stream. Use as a context manager, or call
+    ``close()`` (which waits for the confirms).
+
+    ``send(body, ...)`` gathers messages into batches of ``batch_size`` (or
+    what ``linger_ms`` collected) and returns a future per message;
+    ``send_batch(bodies)`` publishes a list of bytes, a pyarrow binary or
+    string array, or a RecordBatch/Table with a ``body`` column and
+    optional ``properties`` / ``application_properties`` /
+    ``message_annotations`` columns (the consumer's schema), and returns one
+    future for the batch. Futures resolve to the last publishing id, or
+    raise ``PublishError``. ``flush(timeout)`` waits for every confirm.
+
+    Options: ``name`` (deduplication: the broker drops publishing ids it
+    already has for this name, and the producer continues after the last
+    one), ``compression`` (``"gzip"``, ``"snappy"``, ``"lz4"``, ``"zstd"``:
+    sub-batches of ``sub_batch_size`` messages), ``filter_value`` (3.13+:
+    the name of an application property, or a callable from the batch to a
+    string array), ``max_in_flight`` (messages sent and not yet confirmed;
+    sending blocks beyond it), ``amqp=False`` (bodies are published as raw
+    entries), ``recovery_timeout``.
+    """
+
+    def __init__(self, client: Client, stream: str, *, name: str | None = None,
+                 batch_size: int = 1000, linger_ms: float = 10.0,
+                 compression: str | None = None, sub_batch_size: int = 100,
+                 filter_value: FilterValue = None, max_in_flight: int = 100_000,
+                 amqp: bool = True, recovery_timeout: float = 300.0) -> None:
+        if compression not in CODECS:
+            raise ValueError(f"compression must be one of {CODECS[1:]}")
+        if compression not in (None, "none") and filter_value is not None:
+            raise ValueError("filter values cannot be combined with "
+                             "compressed sub-batches")
+        if filter_value is not None:
+            client.connection.features.require("filtering")
+        if batch_size < 1 or max_in_flight < 1:
+            raise ValueError("batch_size and max_in_flight must be positive")
+        self.client = client
+        self.stream = stream
+        self.name = name
+        self.batch_size = batch_size
+        self.linger = linger_ms / 1000.0
+        self.compression = compression
+        self.sub_batch_size = sub_batch_size
+        self.filter_value = filter_value
+        self.max_in_flight = max_in_flight
+        self.amqp = amqp
+        self.recovery_timeout = recovery_timeout
+
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()  # frames go out in id order
+        self._pending: deque[_Batch] = deque()
+        self._in_flight = 0
+        self._buffer: list[tuple] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self._connection: Connection | None = None
+        self._publisher_id = -1
+        self._recovering = False
+        self._last_sent = 0            # last id this producer sent
+        self.last_publishing_id = 0    # ... or the broker had for its name
+        self._connect()
+        if name is not None:
+            self.last_publishing_id = client.query_publisher_sequence(stream, name)
+        self._lingering = threading.Event()
+        threading.Thread(target=self._linger_loop, daemon=True,
+                         name="pystream-producer").start()
+
+    def __repr__(self) -> str:
+        return (f"<pystream.Producer {self.stream!r} "
+                f"last_publishing_id={self.last_publishing_id}>")
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the application's side ---------------------------------------------
+
+    def send(self, body: bytes, *, properties: dict[str, Any] | None = None,
+             application_properties: dict[str, Any] | None = None,
+             message_annotations: dict[str, Any] | None = None,
+             filter_value: str | None = None) -> Future:
+        """Queue one message; the future resolves to its publishing id."""
+        future: Future = Future()
+        with self._cond:
+            self._check()
+            self._buffer.append((body, properties, application_properties,
+                                 message_annotations, filter_value, future))
+            full = len(self._buffer) >= self.batch_size
+        if full:
+            self._send_buffer()
+        else:
+            self._lingering.set()
+        return future
+
+    def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
+                   filter_values: Any = None) -> Future:
+        """Publish a batch; ``publishing_id`` (for deduplication) is the id
+        of its first message: it must exceed the ids this producer sent,
+        and ids the broker already has for ``name`` are dropped by it."""
+        batch = _as_batch(messages)
+        if batch.num_rows == 0:
+            done: Future = Future()
+            done.set_result(self.last_publishing_id)
+            return done
+        if filter_values is None:
+            filter_values = self._filter_values(batch)
+        return self._publish(batch, filter_values, publishing_id, None)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send what ``send`` gathered and wait for every confirm; raises
+        ``RequestTimeout`` after ``timeout`` seconds."""
+        self._send_buffer()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending and self._error is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RequestTimeout(f"{self._in_flight} messages to "
+                                         f"{self.stream!r} not confirmed")
+                self._cond.wait(left)
+            if self._error is not None:
+                raise self._error
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Flush, then delete the publisher on the broker."""
+        if self._closed:
+            return
+        try:
+            if self._error is None:
+                self.flush(timeout)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._lingering.set()
+            self._disconnect(delete=True)
+
+    # --- batches ------------------------------------------------------------
+
+    def _filter_values(self, batch: pa.RecordBatch) -> Any:
+        f = self.filter_value
+        if f is None:
+            return None
+        if callable(f):
+            return f(batch)
+        if "application_properties" not in batch.schema.names:
+            raise ValueError(f"filter_value={f!r} names an application property "
+                             "but the batch has no application_properties")
+        return pc.map_lookup(batch.column("application_properties"),
+                             pa.scalar(f), "first")
+
+    def _send_buffer(self) -> None:
+        with self._cond:
+            rows, self._buffer = self._buffer, []
+        if not rows:
+            return
+        bodies, props, app, ann, filters, futures = zip(*rows)
+        columns = {"body": pa.array(bodies, pa.binary())}
+        if any(p is not None for p in props):
+            columns["properties"] = pa.array(props, PROPERTIES)
+        for key, values in (("application_properties", app),
+                            ("message_annotations", ann)):
+            if any(v is not None for v in values):
+                columns[key] = pa.array(
+                    [None if v is None else [(str(k), str(x)) for k, x in v.items()]
+                     for v in values], STRING_MAP)
+        batch = pa.RecordBatch.from_pydict(columns)
+        filter_values = (pa.array(filters, pa.string())
+                         if any(f is not None for f in filters)
+                         else self._filter_values(batch))
+        try:
+            self._publish(batch, filter_values, None, list(futures))
+        except BaseException as exc:
+            for f in futures:
+                f.set_exception(exc)
+            raise
+
+    def _publish(self, batch: pa.RecordBatch, filter_values: Any,
+                 publishing_id: int | None,
+                 message_futures: list[Future] | None) -> Future:
+        n = batch.num_rows
+        with self._cond:
+            # Back-pressure: wait for confirms rather than grow memory (not
+            # under the send lock: recovery needs it to send them again).
+            while (self._in_flight and self._in_flight + n > self.max_in_flight
+                   and self._error is None and not self._closed):
+                self._cond.wait()
+        with self._send_lock:
+            with self._cond:
+                self._check()
+                first = self.last_publishing_id + 1
+                if publishing_id is not None:
+                    # Ids the broker already has may be sent again (it drops
+                    # them): only this producer's own order must hold.
+                    if publishing_id <= self._last_sent:
+                        raise ValueError(f"publishing_id {publishing_id} does not "
+                                         f"follow the last one sent, "
+                                         f"{self._last_sent}")
+                    first = publishing_id
+                conn = self._connection
+            frames, counts = encode_publish(
+                self._publisher_id, first, batch.column("body"),
+                properties=_column(batch, "properties"),
+                application_properties=_column(batch, "application_properties"),
+                message_annotations=_column(batch, "message_annotations"),
+                filter_values=filter_values, amqp=self.amqp,
+                compression=self.compression, sub_batch_size=self.sub_batch_size,
+                max_frame_size=(conn.frame_max if conn else 0) or (1 << 20))
+            record = _Batch(first, counts, frames, message_futures)
+            with self._cond:
+                self._pending.append(record)
+                self._in_flight += record.messages
+                self._last_sent = record.last_id
+                self.last_publishing_id = max(self.last_publishing_id,
+                                              record.last_id)
+            if conn is not None:
+                try:
+                    conn.send_bytes(frames)
+                except StreamError:
+                    pass  # recovery sends it again
+        return record.future
+
+    # --- confirms (reader thread) -------------------------------------------
+
+    def on_confirm(self, frame: memoryview) -> None:
+        count = int.from_bytes(frame[5:9], "big")
+        ids = np.frombuffer(frame, dtype=">u8", count=count, offset=9)
+        self._settle(ids.astype(np.int64), [])
+
+    def on_publish_error(self, errors: tuple) -> None:
+        ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
+        self._settle(ids, [(e.publishing_id, e.code) for e in errors])
+
+    def _settle(self, ids: np.ndarray, failures: list[tuple[int, int]]) -> None:
+        done = []
+        with self._cond:
+            pending = self._pending
+            if not pending:
+                return
+            starts = np.fromiter((b.first_id for b in pending), np.int64,
+                                 len(pending))
+            ends = np.fromiter((b.last_id for b in pending), np.int64,
+                               len(pending))
+            which = np.searchsorted(starts, ids, side="right") - 1
+            known = (which >= 0) & (ids <= ends[which])
+            hits = np.bincount(which[known], minlength=len(pending))
+            refused = dict(failures)
+            for i in np.nonzero(hits)[0]:
+                b = pending[i]
+                b.remaining -= int(hits[i])
+                b.failures += [(pid, c) for pid, c in refused.items()
+                               if b.first_id <= pid <= b.last_id]
+            while pending and pending[0].remaining <= 0:
+                b = pending.popleft()
+                self._in_flight -= b.messages
+                done.append(b)
+            if done:
+                self._cond.notify_all()
+        for b in done:
+            b.resolve()
+
+    # --- connection and recovery --------------------------------------------
+
+    def on_metadata_update(self, code: int) -> None:
+        log.info("stream %r moved or went away (code %#x): reconnecting the "
+                 "producer", self.stream, code)
+        self._lost()
+
+    def on_connection_closed(self, error: StreamError | None) -> None:
+        if error is None and not self._closed:
+            self._fail(ConnectionClosed("the client was closed"))
+        elif error is not None:
+            self._lost()
+
+    def _lost(self) -> None:
+        with self._cond:
+            if self._closed or self._recovering or self._error is not None:
+                return
+            self._recovering = True
+        threading.Thread(target=self._recover, daemon=True,
+                         name="pystream-producer-recovery").start()
+
+    def _recover(self) -> None:
+        self._disconnect(delete=False)
+        started = time.monotonic()
+        delay = 0.1
+        while not self._closed:
+            try:
+                with self._send_lock:
+                    self._connect()
+                    with self._cond:
+                        frames = [b.frames for b in self._pending]
+                    for f in frames:  # the broker drops ids it already has
+                        self._connection.send_bytes(  # type: ignore[union-attr]
+                            _with_publisher_id(f, self._publisher_id))
+                with self._cond:
+                    self._recovering = False
+                log.info("producer on %r reconnected; %d batches sent again",
+                         self.stream, len(frames))
+                return
+            except StreamDoesNotExist as exc:
+                self._fail(exc)
+                return
+            except RETRYABLE as exc:
+                if time.monotonic() - started > self.recovery_timeout:
+                    self._fail(ConnectionLost(
+                        f"stream {self.stream!r} unreachable for "
+                        f"{self.recovery_timeout:g} s: {exc}"))
+                    return
+                self._disconnect(delete=False)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _connect(self) -> None:
+        endpoint = self.client.locate(self.stream, replica=False)
+        conn = self.client.pool.acquire(endpoint)
+        try:
+            pid = conn.add_publisher(self)
+            try:
+                conn.request(lambda c: P.DeclarePublisher(
+                    c, pid, self.name or "", self.stream),
+                    f"declare a publisher on {self.stream!r}")
+            except BaseException:
+                conn.remove_publisher(pid)
+                raise
+        except BaseException:
+            self.client.pool.release(conn)
+            raise
+        self._connection, self._publisher_id = conn, pid
+
+    def _disconnect(self, *, delete: bool) -> None:
+        conn, self._connection = self._connection, None
+        if conn is None:
+            return
+        if delete and conn.is_open:
+            try:
+                conn.request(lambda c: P.DeletePublisher(c, self._publisher_id),
+                             "delete publisher", timeout=5.0)
+            except StreamError:
+                pass
+        conn.remove_publisher(self._publisher_id)
+        self.client.pool.release(conn)
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is not None:
+                return
+            self._error = error
+            pending, self._pending = list(self._pending), deque()
+            self._in_flight = 0
+            self._cond.notify_all()
+        for b in pending:
+            b.fail(error)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ConnectionClosed("the producer is closed")
+
+    def _linger_loop(self) -> None:
+        while not self._closed:
+            self._lingering.wait()
+            self._lingering.clear()
+            time.sleep(self.linger)
+            try:
+                self._send_buffer()
+            except StreamError:
+                pass  # the futures carry the error
+
+
+class SuperStreamProducer:
+    """Publishes to the partitions of a super stream, routing each message
+    by ``routing_key``: the name of a column or application property, or a
+    callable from the batch to keys (strings). The partition is
+    ``(murmur3_32(utf8(key), seed 104729) & 0x7FFFFFFF) % partitions``, as the
+    Java and Go clients route, so a key lands in the same partition whoever
+    wrote it. ``route`` replaces that with a callable from the batch to
+    partition indices. Other options as for ``Producer``."""
+
+    def __init__(self, client: Client, super_stream: str, *,
+                 routing_key: str | Callable[[pa.RecordBatch], Any] | None = None,
+                 route: Callable[[pa.RecordBatch], Any] | None = None,
+                 **options: Any) -> None:
+        if (routing_key is None) == (route is None):
+            raise ValueError("give routing_key or route")
+        self.client = client
+        self.super_stream = super_stream
+        self.partitions = client.partitions(super_stream)
+        self.routing_key = routing_key
+        self.route = route
+        self._producers = [Producer(client, p, **options) for p in self.partitions]
+
+    def __enter__(self) -> SuperStreamProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partition_of(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The partition index of each message of ``batch``."""
+        if self.route is not None:
+            return np.asarray(self.route(batch), dtype=np.int64)
+        keys = self._keys(batch)
+        hashes = murmur3_32(keys).astype(np.int64) & 0x7FFFFFFF
+        return hashes % len(self.partitions)
+
+    def _keys(self, batch: pa.RecordBatch) -> Any:
+        key = self.routing_key
+        if callable(key):
+            return key(batch)
+        if key in batch.schema.names:
+            return batch.column(key)
+        return pc.map_lookup(batch.column("application_properties"),
+                             pa.scalar(key), "first")
+
+    def send_batch(self, messages: Batch) -> Future:
+        """Route and publish; the future resolves when every partition
+        confirmed its share."""
+        batch = _as_batch(messages)
+        parts = self.partition_of(batch)
+        futures = []
+        for i, producer in enumerate(self._producers):
+            rows = np.nonzero(parts == i)[0]
+            if len(rows):
+                futures.append(producer.send_batch(take_rows(batch, rows)))
+        return _all_of(futures)
+
+    def flush(self, timeout: float | None = None) -> None:
+        for p in self._producers:
+            p.flush(timeout)
+
+    def close(self) -> None:
+        for p in self._producers:
+            p.close()
+
+
+def _as_batch(messages: Batch) -> pa.RecordBatch:
+    if isinstance(messages, pa.Table):
+        batches = messages.combine_chunks().to_batches()
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=messages.schema)
+        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    if isinstance(messages, pa.RecordBatch):
+        if "body" not in messages.schema.names:
+            raise ValueError("a RecordBatch to publish needs a body column")
+        return messages
+    if isinstance(messages, pa.ChunkedArray):
+        messages = messages.combine_chunks()
+    if not isinstance(messages, pa.Array):
+        messages = pa.array(messages, pa.binary())
+    return pa.RecordBatch.from_arrays([messages], names=["body"])
+
+
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
+    i = batch.schema.get_field_index(name)
+    return None if i < 0 else batch.column(i)
+
+
+def _with_publisher_id(frames: bytes, publisher_id: int) -> bytes:
+    """The frames with another publisher id (after a reconnection)."""
+    out = bytearray(frames)
+    pos = 0
+    while pos < len(out):
+        size = int.from_bytes(out[pos:pos + 4], "big")
+        out[pos + 8] = publisher_id  # size, key, version, then the id
+        pos += 4 + size
+    return bytes(out)
+
+
+def _all_of(futures: list[Future]) -> Future:
+    combined: Future = Future()
+    if not futures:
+        combined.set_result(None)
+        return combined
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(f: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if f.exception() is not None and not combined.done():
+            combined.set_exception(f.exception())  # type: ignore[arg-type]
+        elif last and not combined.done():
+            combined.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one_done)
+    return combined
