@@ -1,0 +1,234 @@
+"""The producer against the real brokers: batches, single messages,
+properties, compression, filter values, deduplication after a crash, super
+streams; read back with pystream's consumer (and rstream for gzip)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import pystream
+from pystream import Filter, PublishError, UnsupportedFeature
+from pystream.producer import _Batch
+
+from .conftest import ROOT
+
+COLUMNS = ["properties", "application_properties", "message_annotations"]
+
+
+def read_all(client, stream, n, **options) -> pa.Table:
+    with client.consumer(stream, offset="first", **options) as consumer:
+        table = consumer.read(n, timeout=15)
+        assert consumer.read(1, timeout=0.3).num_rows == 0, "more than sent"
+    return table
+
+
+def test_send_batch_of_bytes(client, stream):
+    bodies = [b"m%d" % i * (i % 5) for i in range(10_000)]
+    with client.producer(stream) as producer:
+        assert producer.send_batch(bodies).result(30) == 10_000
+    table = read_all(client, stream, 10_000)
+    assert table.column("offset").to_pylist() == list(range(10_000))
+    assert table.column("body").to_pylist() == bodies
+
+
+def test_send_with_properties(client, stream):
+    with client.producer(stream, batch_size=7, linger_ms=5) as producer:
+        futures = [producer.send(
+            b"body %d" % i,
+            properties={"message_id": f"id-{i}", "content_type": "text/plain",
+                        "group_sequence": i} if i % 2 else None,
+            application_properties={"n": i, "even": i % 2 == 0},
+            message_annotations={"x-tag": "t"} if i == 3 else None)
+            for i in range(20)]
+        assert [f.result(10) for f in futures] == list(range(1, 21))
+    table = read_all(client, stream, 20, columns=COLUMNS)
+    rows = table.to_pylist()
+    assert [r["body"] for r in rows] == [b"body %d" % i for i in range(20)]
+    assert rows[1]["properties"]["message_id"] == "id-1"
+    assert rows[1]["properties"]["group_sequence"] == 1
+    assert rows[0]["properties"] is None
+    assert dict(rows[4]["application_properties"]) == {"n": "4", "even": "True"}
+    assert dict(rows[3]["message_annotations"]) == {"x-tag": "t"}
+
+
+def test_record_batch_round_trip(client, stream, stream_name):
+    with client.producer(stream) as producer:
+        for i in range(3):
+            producer.send(b"r%d" % i, properties={"subject": f"s{i}"},
+                          application_properties={"k": str(i)})
+    read = read_all(client, stream, 3, columns=COLUMNS)
+    copy = stream_name + "-copy"
+    client.create_stream(copy)
+    try:
+        with client.producer(copy) as producer:
+            producer.send_batch(read.drop_columns(["offset", "chunk_timestamp"])
+                                ).result(10)
+        again = read_all(client, copy, 3, columns=COLUMNS)
+        for name in ("body", *COLUMNS):
+            assert again.column(name).to_pylist() == read.column(name).to_pylist()
+    finally:
+        client.delete_stream(copy)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd", "none"])
+def test_compressed_sub_batches(client, stream, codec):
+    bodies = [b"compressible %d " % i * 10 for i in range(5000)]
+    with client.producer(stream, compression=codec, sub_batch_size=64) as p:
+        last = p.send_batch(bodies).result(30)
+    assert last == -(-5000 // 64)  # one publishing id per sub-batch
+    table = read_all(client, stream, 5000)
+    assert table.column("body").to_pylist() == bodies
+    assert table.column("offset").to_pylist() == list(range(5000))
+
+
+def test_gzip_is_readable_by_rstream(modern, stream_name):
+    import asyncio
+
+    from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification,
+                         OffsetType, amqp_decoder)
+
+    modern.create_stream(stream_name)
+    bodies = [b"gz %d" % i for i in range(500)]
+    try:
+        with modern.producer(stream_name, compression="gzip") as p:
+            p.send_batch(bodies).result(30)
+
+        async def read() -> list[bytes]:
+            got: list[bytes] = []
+            done = asyncio.Event()
+
+            async def on_message(msg: AMQPMessage, ctx) -> None:
+                got.append(bytes(msg.body if not isinstance(msg.body, list)
+                                 else b"".join(msg.body)))
+                if len(got) == len(bodies):
+                    done.set()
+
+            async with Consumer("localhost", 5552, username="guest",
+                                password="guest") as consumer:
+                await consumer.subscribe(
+                    stream_name, on_message, decoder=amqp_decoder,
+                    offset_specification=ConsumerOffsetSpecification(
+                        OffsetType.FIRST, None))
+                await asyncio.wait_for(done.wait(), 20)
+            return got
+
+        assert asyncio.run(read()) == bodies
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_filter_values(modern, stream_name):
+    modern.create_stream(stream_name)
+    try:
+        with modern.producer(stream_name, filter_value="color") as p:
+            for color in ("red", "blue", "red"):
+                p.send_batch(pa.RecordBatch.from_pydict({
+                    "body": [color.encode()] * 100,
+                    "application_properties": pa.array(
+                        [[("color", color)]] * 100,
+                        pa.map_(pa.string(), pa.string()))})).result(10)
+        with modern.consumer(stream_name, offset="first",
+                             filter=Filter(["red"])) as consumer:
+            assert set(consumer.read(1000, timeout=1.5).column("body").to_pylist()) \
+                == {b"red"}
+    finally:
+        modern.delete_stream(stream_name)
+
+
+def test_legacy_broker_refuses_filter_values(legacy, stream_name):
+    legacy.create_stream(stream_name)
+    try:
+        with pytest.raises(UnsupportedFeature):
+            legacy.producer(stream_name, filter_value="color")
+    finally:
+        legacy.delete_stream(stream_name)
+
+
+def test_back_pressure_bounds_messages_in_flight(client, stream):
+    with client.producer(stream, max_in_flight=1000) as p:
+        peak = 0
+        for i in range(30):
+            p.send_batch([b"x"] * 500)
+            peak = max(peak, p._in_flight)
+        p.flush(30)
+    assert peak <= 1000
+    assert read_all(client, stream, 15_000).num_rows == 15_000
+
+
+CRASHING_PUBLISHER = textwrap.dedent("""
+    import sys, pystream
+    uri, stream = sys.argv[1:3]
+    client = pystream.connect(uri)
+    p = client.producer(stream, name="crashy", max_in_flight=5000)
+    bodies = [b"%06d" % i for i in range(100_000)]
+    for start in range(0, 100_000, 1000):
+        p.send_batch(bodies[start:start + 1000], publishing_id=start + 1)
+        if start == 40_000:
+            p.flush(30)
+            print("flushed", flush=True)
+    p.flush(60)
+    print("done", flush=True)
+""")
+
+
+def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_PUBLISHER, uri,
+                             stream], stdout=subprocess.PIPE, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == b"flushed"
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-way, confirms outstanding
+    proc.wait(10)
+    bodies = [b"%06d" % i for i in range(100_000)]
+    with client.producer(stream, name="crashy") as p:
+        kept = p.last_publishing_id
+        assert 41_000 <= kept <= 100_000
+        p.send_batch(bodies, publishing_id=1).result(60)  # everything again
+    table = read_all(client, stream, 200_000)
+    assert table.column("body").to_pylist() == bodies
+
+
+def test_super_stream_routes_by_murmur3(modern, stream_name):
+    modern.create_super_stream(stream_name, partitions=3)
+    try:
+        keys = [f"customer-{i % 40}" for i in range(3000)]
+        with modern.producer(super_stream=stream_name,
+                             routing_key="key") as p:
+            p.send_batch(pa.RecordBatch.from_pydict({
+                "body": [k.encode() for k in keys], "key": keys})).result(30)
+        seen: dict[str, str] = {}
+        total = 0
+        for partition in modern.partitions(stream_name):
+            bodies = read_all(modern, partition, 3000).column("body").to_pylist()
+            total += len(bodies)
+            for b in bodies:
+                assert seen.setdefault(b.decode(), partition) == partition
+        assert total == 3000 and len(set(seen.values())) == 3
+        # The Java and Go clients' routing for a known key.
+        hashed = int(pystream._core.murmur3_32(["customer-7"])[0]) & 0x7FFFFFFF
+        assert seen["customer-7"] == f"{stream_name}-{hashed % 3}"
+    finally:
+        modern.delete_super_stream(stream_name)
+
+
+def test_refused_ids_fail_their_futures():
+    batch = _Batch(10, np.ones(3, dtype=np.int64), b"",
+                   [Future() for _ in range(3)])
+    batch.failures = [(11, 0x12)]
+    batch.resolve()
+    with pytest.raises(PublishError) as e:
+        batch.future.result()
+    assert e.value.publishing_id == 11 and e.value.code == 0x12
+    assert batch.message_futures[0].result() == 10
+    with pytest.raises(PublishError):
+        batch.message_futures[1].result()
