@@ -1,21 +1,16 @@
 """The main job, end to end, on the local modern broker (`make demo`):
-connect, write a demo stream of a million messages, read it all back with
-pystream's consumer and print a summary.
-
-Until pystream has its own producer, the data goes in through the test
-suite's publisher (rbfly's batch publisher, a test dependency)."""
+connect, write a demo stream of a million messages with pystream's producer,
+read it all back with its consumer and print a summary."""
 
 from __future__ import annotations
 
 import os
-import pathlib
 import sys
 import time
 
-import pystream
+import pyarrow as pa
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from tests.publishers import fill  # noqa: E402
+import pystream
 
 URI = os.environ.get("PYSTREAM_URI", "rabbitmq-stream://guest:guest@localhost:5552/")
 STREAM = "pystream-demo"
@@ -29,9 +24,16 @@ def main() -> int:
               f"{props.get('product')} {props.get('version')}")
         client.delete_stream(STREAM, missing_ok=True)
         client.create_stream(STREAM, max_length_bytes=1 << 30)
+        bodies = pa.array([b"hello from the pystream demo %07d " % i
+                           for i in range(COUNT)], pa.binary())
         started = time.perf_counter()
-        fill(URI, STREAM, COUNT, b"hello from the pystream demo " * 3)
-        print(f"published {COUNT:,} messages in {time.perf_counter() - started:.1f} s")
+        with client.producer(STREAM) as producer:
+            for start in range(0, COUNT, 50_000):
+                producer.send_batch(bodies.slice(start, 50_000))
+            producer.flush(120)
+        elapsed = time.perf_counter() - started
+        print(f"published {COUNT:,} messages with confirms in {elapsed:.2f} s: "
+              f"{COUNT / elapsed / 1e6:.2f} M msg/s")
 
         started = time.perf_counter()
         rows = 0
