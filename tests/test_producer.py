@@ -232,3 +232,25 @@ def test_refused_ids_fail_their_futures():
     assert batch.message_futures[0].result() == 10
     with pytest.raises(PublishError):
         batch.message_futures[1].result()
+
+
+def test_producer_resends_after_the_broker_closes_connections(modern, stream_name):
+    """A named producer keeps publishing while the broker drops its
+    connections: every message lands once, in order."""
+    from .conftest import broker_ctl
+
+    modern.create_stream(stream_name)
+    n = 200_000
+    bodies = pa.array([b"%07d" % i for i in range(n)], pa.binary())
+    try:
+        with modern.producer(stream_name, name="resender",
+                             max_in_flight=20_000) as p:
+            for start in range(0, n, 5000):
+                p.send_batch(bodies.slice(start, 5000))
+                if start in (50_000, 120_000):
+                    broker_ctl("modern", "close_all_connections", "test")
+            p.flush(120)
+        table = read_all(modern, stream_name, n + 1)
+        assert table.column("body").to_pylist() == bodies.to_pylist()
+    finally:
+        modern.delete_stream(stream_name)
