@@ -145,6 +145,9 @@ class Producer:
 
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()  # frames go out in id order
+        # ``send``'s batches leave in the order their messages came (the
+        # linger thread and the application may both flush the buffer).
+        self._buffer_lock = threading.Lock()
         self._pending: deque[_Batch] = deque()
         self._in_flight = 0
         self._buffer: list[tuple] = []
@@ -249,10 +252,13 @@ class Producer:
                              pa.scalar(f), "first")
 
     def _send_buffer(self) -> None:
-        with self._cond:
-            rows, self._buffer = self._buffer, []
-        if not rows:
-            return
+        with self._buffer_lock:
+            with self._cond:
+                rows, self._buffer = self._buffer, []
+            if rows:
+                self._publish_rows(rows)
+
+    def _publish_rows(self, rows: list[tuple]) -> None:
         bodies, props, app, ann, filters, futures = zip(*rows)
         columns = {"body": pa.array(bodies, pa.binary())}
         if any(p is not None for p in props):
