@@ -32,11 +32,12 @@ unit: build
 fuzz: deps
 	scripts/fuzz $(FUZZ_SECONDS)
 
-# Decode speed (no broker), then end to end against the modern broker
-# beside rbfly, rstream and the wire limit (bench/bench_consume.py --help).
+# Decode speed (no broker), then reading and publishing end to end against
+# the modern broker beside rbfly, rstream and the wire limit (--help).
 bench: build brokers
 	$(PY) -m pytest bench/bench_decode.py --benchmark-only
 	$(PY) bench/bench_consume.py
+	$(PY) bench/bench_publish.py
 
 clean:
 	rm -rf build dist *.egg-info pystream/_core.c pystream/*.so
