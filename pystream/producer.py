@@ -1,6 +1,7 @@
 """The producer: messages encoded in C into Publish frames, confirms counted
 with numpy, memory bounded by ``max_in_flight``, deduplication for named
-producers, and unconfirmed frames sent again after a reconnection.
+producers, and unconfirmed frames sent again after a reconnection (so an
+unnamed producer may duplicate what the broker stored but never confirmed).
 
 A batch (``send_batch``, or the messages ``send`` gathered for up to
 ``batch_size`` messages or ``linger_ms``) is one ``_Batch``: its frames are
@@ -395,7 +396,8 @@ class Producer:
                     self._connect()
                     with self._cond:
                         frames = [b.frames for b in self._pending]
-                    for f in frames:  # the broker drops ids it already has
+                    # With a name the broker drops the ids it already has.
+                    for f in frames:
                         self._connection.send_bytes(  # type: ignore[union-attr]
                             _with_publisher_id(f, self._publisher_id))
                 with self._cond:
