@@ -75,6 +75,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from _runs import PROGRESS, fmt_rate, make_body, start_watchdog  # noqa: E402
+
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 READERS = ("wire", "pystream", "pystream-raw", "rbfly", "rstream")
 PEERS = ("rbfly", "rstream")
@@ -89,33 +91,6 @@ STREAMS = {  # key: (stream name, body bytes)
     "100b": ("bench-100b", 100),
     "1k": ("bench-1k", 1024),
 }
-
-
-def make_body(size: int) -> bytes:
-    return (bytes(range(256)) * (size // 256 + 1))[:size]
-
-
-# Messages read so far by the reader of this (child) process; a watchdog
-# ends a run that stops making progress (a client retrying forever).
-PROGRESS = [0]
-
-
-def start_watchdog(stall_seconds: float) -> None:
-    import threading
-
-    def watch() -> None:
-        last, since = -1, time.monotonic()
-        while True:
-            time.sleep(1.0)
-            now = PROGRESS[0]
-            if now != last:
-                last, since = now, time.monotonic()
-            elif time.monotonic() - since > stall_seconds:
-                print(f"STALLED no progress for {stall_seconds:g} s after "
-                      f"{now:,} messages", flush=True)
-                os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 # --- readers (each runs in a child process) --------------------------------------
@@ -315,10 +290,6 @@ def run_child(args: argparse.Namespace, reader: str, stream: str, target: int,
             return {"error": line.lower()}
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
-
-
-def fmt_rate(x: float) -> str:
-    return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.0f} k"
 
 
 def summarize(runs: list[dict], body_size: int) -> dict | None:

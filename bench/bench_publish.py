@@ -113,6 +113,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from _runs import PROGRESS, fmt_rate, make_body, start_watchdog  # noqa: E402
+
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw",
            "pystream-sub", "rbfly", "rstream", "rstream-amqp")
@@ -135,10 +137,6 @@ AMQP_OVERHEAD = 8               # 00 53 75 b0 <u32 len>
 FRAME_MAX = 1 << 20
 
 
-def make_body(size: int) -> bytes:
-    return (bytes(range(256)) * (size // 256 + 1))[:size]
-
-
 def frame_capacity(entry_size: int) -> int:
     """Messages of ``entry_size`` bytes that fit in one 1 MiB Publish frame."""
     return max(1, (FRAME_MAX - PUBLISH_OVERHEAD) // (ENTRY_OVERHEAD + entry_size))
@@ -149,29 +147,6 @@ def short(n: int) -> str:
         if n >= div and n % (div // 10) == 0:
             return f"{n / div:g}{unit}"
     return str(n)
-
-
-# Messages sent so far by the publisher of this (child) process; a watchdog
-# ends a run that stops making progress (a client retrying forever).
-PROGRESS = [0]
-
-
-def start_watchdog(stall_seconds: float) -> None:
-    import threading
-
-    def watch() -> None:
-        last, since = -1, time.monotonic()
-        while True:
-            time.sleep(1.0)
-            now = PROGRESS[0]
-            if now != last:
-                last, since = now, time.monotonic()
-            elif time.monotonic() - since > stall_seconds:
-                print(f"STALLED no progress for {stall_seconds:g} s after "
-                      f"{now:,} messages", flush=True)
-                os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 # --- bodies (built before the clock starts) ---------------------------------------
@@ -474,10 +449,6 @@ def one_run(args: argparse.Namespace, client, v: dict, target: int, pid: int,
     finally:
         client.delete_stream(name, missing_ok=True)
     return res
-
-
-def fmt_rate(x: float) -> str:
-    return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.0f} k"
 
 
 def summarize(runs: list[dict], body_size: int) -> dict | None:
