@@ -1,9 +1,12 @@
-"""What the end-to-end benchmarks' child processes share: the body they
-send or expect, the progress watchdog, and the rate format."""
+"""What the end-to-end benchmarks share: the body their child processes
+send or expect, the progress watchdog, running a child, and the rate
+format."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 
 
@@ -36,3 +39,21 @@ def start_watchdog(stall_seconds: float) -> None:
 
 def fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.0f} k"
+
+
+def run_child_process(cmd: list[str], timeout: float) -> dict:
+    """Run one measurement in a fresh process: its ``RESULT {json}`` line,
+    or ``{"error": ...}``."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+        if line.startswith("STALLED "):
+            return {"error": line.lower()}
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}

@@ -66,7 +66,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,7 +74,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _runs import PROGRESS, fmt_rate, make_body, start_watchdog  # noqa: E402
+from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
+                   run_child_process, start_watchdog)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 READERS = ("wire", "pystream", "pystream-raw", "rbfly", "rstream")
@@ -277,19 +277,7 @@ def run_child(args: argparse.Namespace, reader: str, stream: str, target: int,
            "--stall", str(args.stall)]
     if args.pystream_credit != "default":
         cmd += ["--pystream-credit", args.pystream_credit]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True,
-                              timeout=args.timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-        if line.startswith("STALLED "):
-            return {"error": line.lower()}
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return run_child_process(cmd, args.timeout)
 
 
 def summarize(runs: list[dict], body_size: int) -> dict | None:

@@ -113,7 +113,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _runs import PROGRESS, fmt_rate, make_body, start_watchdog  # noqa: E402
+from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
+                   run_child_process, start_watchdog)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw",
@@ -417,19 +418,7 @@ def run_child(args: argparse.Namespace, v: dict, stream: str, target: int,
            "--in-flight", str(v["in_flight"]), "--stall", str(args.stall),
            "--timeout", str(args.timeout), "--broker-pid", str(pid),
            "--sub-batch", str(args.pystream_sub_batch)]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True,
-                              timeout=args.timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-        if line.startswith("STALLED "):
-            return {"error": line.lower()}
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return run_child_process(cmd, args.timeout)
 
 
 def one_run(args: argparse.Namespace, client, v: dict, target: int, pid: int,
