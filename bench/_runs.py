@@ -1,11 +1,12 @@
 """What the end-to-end benchmarks share: the body their child processes
-send or expect, the progress watchdog, running a child, and the rate
-format."""
+send or expect, the progress watchdog, running a child, the medians of
+its runs, and the rate format."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import time
 
@@ -57,3 +58,26 @@ def run_child_process(cmd: list[str], timeout: float) -> dict:
             return {"error": line.lower()}
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def summarize(runs: list[dict], body_size: int) -> dict | None:
+    """Medians over the runs that did not fail (None if all did); the CPU
+    shares of the client (``cpu``) and broker (``broker_cpu``) when every
+    run measured them."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return None
+    rates = [r["messages"] / r["seconds"] for r in good]
+    out = {
+        "runs": len(good),
+        "messages": good[0]["messages"],
+        "seconds_median": statistics.median(r["seconds"] for r in good),
+        "msg_per_s_median": statistics.median(rates),
+        "msg_per_s_all": rates,
+        "mb_per_s_median": statistics.median(rates) * body_size / 1e6,
+    }
+    for key in ("cpu", "broker_cpu"):
+        if all(key in r for r in good):
+            out[f"{key}_share_median"] = statistics.median(
+                r[key] / r["seconds"] for r in good)
+    return out

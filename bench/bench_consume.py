@@ -65,7 +65,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -75,7 +74,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
-                   run_child_process, start_watchdog)
+                   run_child_process, start_watchdog, summarize)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 READERS = ("wire", "pystream", "pystream-raw", "rbfly", "rstream")
@@ -278,25 +277,6 @@ def run_child(args: argparse.Namespace, reader: str, stream: str, target: int,
     if args.pystream_credit != "default":
         cmd += ["--pystream-credit", args.pystream_credit]
     return run_child_process(cmd, args.timeout)
-
-
-def summarize(runs: list[dict], body_size: int) -> dict | None:
-    good = [r for r in runs if "error" not in r]
-    if not good:
-        return None
-    rates = [r["messages"] / r["seconds"] for r in good]
-    out = {
-        "runs": len(good),
-        "messages": good[0]["messages"],
-        "seconds_median": statistics.median(r["seconds"] for r in good),
-        "msg_per_s_median": statistics.median(rates),
-        "msg_per_s_all": rates,
-        "mb_per_s_median": statistics.median(rates) * body_size / 1e6,
-    }
-    if all("cpu" in r for r in good):
-        out["cpu_share_median"] = statistics.median(r["cpu"] / r["seconds"]
-                                                    for r in good)
-    return out
 
 
 def print_table(key: str, stream: str, body_size: int, end: int,

@@ -103,7 +103,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -114,7 +113,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
-                   run_child_process, start_watchdog)
+                   run_child_process, start_watchdog, summarize)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw",
@@ -438,27 +437,6 @@ def one_run(args: argparse.Namespace, client, v: dict, target: int, pid: int,
     finally:
         client.delete_stream(name, missing_ok=True)
     return res
-
-
-def summarize(runs: list[dict], body_size: int) -> dict | None:
-    good = [r for r in runs if "error" not in r]
-    if not good:
-        return None
-    rates = [r["messages"] / r["seconds"] for r in good]
-    out = {
-        "runs": len(good),
-        "messages": good[0]["messages"],
-        "seconds_median": statistics.median(r["seconds"] for r in good),
-        "msg_per_s_median": statistics.median(rates),
-        "msg_per_s_all": rates,
-        "mb_per_s_median": statistics.median(rates) * body_size / 1e6,
-        "cpu_share_median": statistics.median(r["cpu"] / r["seconds"]
-                                              for r in good),
-    }
-    if all("broker_cpu" in r for r in good):
-        out["broker_cpu_share_median"] = statistics.median(
-            r["broker_cpu"] / r["seconds"] for r in good)
-    return out
 
 
 def print_table(args: argparse.Namespace, vs: list[dict], summary: dict,

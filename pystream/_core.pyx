@@ -43,8 +43,8 @@ import numpy as np
 import pyarrow as pa
 
 from pystream.errors import (CorruptChunk, DecompressionLimit, FrameTooLarge,
-                             StreamError,
-                             MalformedMessage, ProtocolError, TruncatedFrame)
+                             MalformedMessage, ProtocolError, StreamError,
+                             TruncatedFrame)
 
 
 cdef extern from "status.h":

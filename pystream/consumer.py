@@ -25,9 +25,8 @@ import pyarrow.compute as pc
 from . import protocol as P
 from ._core import Chunk, schema
 from .credit import Credit, CreditController, subscribe_credit
-from .errors import (ConnectionClosed, ConnectionLost, NoOffset,
-                     RequestTimeout, StreamDoesNotExist, StreamError,
-                     StreamNotAvailable)
+from .errors import (RECOVERABLE, ConnectionClosed, ConnectionLost, NoOffset,
+                     StreamDoesNotExist, StreamError)
 from .offsets import Offset, OffsetTracker, offset_spec
 
 if TYPE_CHECKING:
@@ -38,10 +37,6 @@ log = logging.getLogger("pystream")
 
 PostFilter = Union[pc.Expression, Callable[[pa.RecordBatch], Any]]
 
-# Errors after which a subscription is worth retrying; anything else (a
-# deleted stream, refused access) ends the consumer.
-RETRYABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
-             StreamNotAvailable, OSError)
 
 
 @dataclass(frozen=True)
@@ -823,7 +818,7 @@ class Consumer:
             except StreamDoesNotExist as exc:
                 self._end(exc, after_queue=True)
                 return delay
-            except RETRYABLE as exc:
+            except RECOVERABLE as exc:
                 log.info("resubscribing to %r failed: %s", sub.stream, exc)
                 since = self._broken_since or time.monotonic()
                 if time.monotonic() - since > self.recovery_timeout:

@@ -173,3 +173,9 @@ def error_for_code(code: int, context: str) -> StreamError:
     cls = _BY_CODE.get(code, ResponseError)
     return cls(f"{context}: {cls.__name__} (response code {code:#04x})",
                code=code)
+
+
+#: Failures that reconnecting may cure: consumers and producers retry these
+#: (with backoff, up to their recovery timeout) and give up on anything else.
+RECOVERABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
+               StreamNotAvailable, OSError)

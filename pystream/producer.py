@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 from . import protocol as P
 from ._core import encode_publish, murmur3_32, schema
 from .consumer import take_rows
-from .errors import (ConnectionClosed, ConnectionLost, PublishError,
-                     RequestTimeout, StreamDoesNotExist, StreamError,
-                     StreamNotAvailable)
+from .errors import (RECOVERABLE, ConnectionClosed, ConnectionLost,
+                     PublishError, RequestTimeout, StreamDoesNotExist,
+                     StreamError)
 
 if TYPE_CHECKING:
     from .client import Client
@@ -42,8 +42,6 @@ FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
 PROPERTIES = schema(columns=["properties"]).field("properties").type
 STRING_MAP = pa.map_(pa.string(), pa.string())
 CODECS = (None, "none", "gzip", "snappy", "lz4", "zstd")
-RETRYABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
-             StreamNotAvailable, OSError)
 
 
 class _Batch:
@@ -408,7 +406,7 @@ class Producer:
             except StreamDoesNotExist as exc:
                 self._fail(exc)
                 return
-            except RETRYABLE as exc:
+            except RECOVERABLE as exc:
                 if time.monotonic() - started > self.recovery_timeout:
                     self._fail(ConnectionLost(
                         f"stream {self.stream!r} unreachable for "
