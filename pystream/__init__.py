@@ -10,7 +10,7 @@ from .credit import Credit
 from .producer import Producer, SuperStreamProducer
 from .errors import (AccessRefused, AuthenticationFailure,
                      AuthenticationFailureLoopback, ConnectionClosed,
-                     ConnectionLost, CorruptChunk, DecompressionLimit,
+                     ConnectionLost, CorruptChunk, DataLoss, DecompressionLimit,
                      FrameTooLarge, InternalError, MalformedMessage, NoOffset,
                      PreconditionFailed, ProtocolError, PublishError,
                      PublisherDoesNotExist,
@@ -33,7 +33,7 @@ __all__ = [
     "decode", "schema", "StreamDecoder", "Chunk", "FrameReader", "crc32",
     "StreamError", "ConnectionLost", "ConnectionClosed", "RequestTimeout",
     "UnsupportedFeature", "ProtocolError", "TruncatedFrame", "FrameTooLarge",
-    "CorruptChunk", "DecompressionLimit", "MalformedMessage", "ResponseError",
+    "CorruptChunk", "DataLoss", "DecompressionLimit", "MalformedMessage", "ResponseError",
     "StreamDoesNotExist", "SubscriptionIdAlreadyExists",
     "SubscriptionIdDoesNotExist", "StreamAlreadyExists", "StreamNotAvailable",
     "SaslMechanismNotSupported", "AuthenticationFailure", "SaslError",

@@ -67,6 +67,10 @@ class Client:
                                    max_subscriptions_per_connection)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def connection(self) -> Connection:
         """The connection admin requests go over; reopened on first use after
         it was lost (a broker restart), so the client outlives failures."""

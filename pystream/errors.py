@@ -73,6 +73,11 @@ class MalformedMessage(StreamError):
     """An AMQP 1.0 message inside an entry cannot be decoded."""
 
 
+class DataLoss(StreamError):
+    """Records a read asked for were removed by the stream's retention
+    before they were read (raised where the reader asks to fail on it)."""
+
+
 class PublishError(StreamError):
     """The broker refused a published message: ``publishing_id`` says which,
     ``code`` why (e.g. 0x12 publisher does not exist, 0x10 access refused)."""

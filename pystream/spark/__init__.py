@@ -1,0 +1,25 @@
+"""Reading streams in parallel with Spark.
+
+``plan_ranges`` and ``read_range`` (no Spark needed) split streams into
+offset ranges and read one of them anywhere, for ``mapInArrow``;
+``RabbitMQStreamDataSource`` is the PySpark data source ``rabbitmq_stream``
+(imported on first use: it needs the ``spark`` extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .ranges import (BrokerRef, OffsetRange, StreamBounds, plan_ranges,
+                     read_range, split_ranges, stream_bounds)
+
+__all__ = ["BrokerRef", "OffsetRange", "StreamBounds", "plan_ranges",
+           "read_range", "split_ranges", "stream_bounds",
+           "RabbitMQStreamDataSource", "arrow_schema"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RabbitMQStreamDataSource", "arrow_schema"):
+        from . import datasource
+        return getattr(datasource, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,388 @@
+"""The PySpark data source ``rabbitmq_stream`` (PySpark 4.2+), batch and
+streaming, over the ranges of ``ranges.py``.
+
+The driver resolves every start and end to concrete offsets before a task
+runs, so each task reads a fixed range and a retried task reads the same
+records. Streaming offsets are ``{stream: next offset}``; Spark's checkpoint
+is their only source of truth (``commit`` stores them on the broker under
+``consumerName`` for monitoring alone).
+
+Options (case-insensitive), all strings as Spark passes them:
+
+- ``uri`` (no password in it), ``passwordEnv`` (default
+  ``PYSTREAM_PASSWORD``), ``passwordFile``: see ``BrokerRef``.
+- One of ``stream``, ``streams`` (comma-separated) or ``superstream``.
+- ``startingOffsets``: ``earliest``, ``latest`` or JSON ``{"s": offset}``
+  (``-2`` earliest, ``-1`` latest, as in Spark's Kafka source; missing
+  streams start at earliest). Default: earliest for batch, latest for
+  streaming. ``startingTimestamp`` (ms since the epoch) overrides it.
+- ``endingOffsets`` (batch): ``latest`` or JSON as above.
+- ``minPartitions``, ``maxRecordsPerPartition``: how ranges are split.
+- ``maxOffsetsPerTrigger`` (streaming): offsets per micro-batch over all
+  streams, shared in proportion to what each has waiting.
+- ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
+  removed records a read needed, instead of skipping them.
+- ``columns``: optional columns, comma-separated (``properties``,
+  ``application_properties``, ``message_annotations``).
+- ``amqp`` (default true; false: bodies are the raw entries),
+  ``readTimeout`` (seconds a task waits for records it knows exist),
+  ``consumerName`` (streaming: where ``commit`` stores offsets).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import (DataSource, DataSourceReader,
+                                    DataSourceStreamReader, InputPartition)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
+                                              ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+from pyspark.sql.types import StructType
+
+from .._core import schema as core_schema
+from ..errors import DataLoss, StreamDoesNotExist
+from .ranges import (Bound, BrokerRef, OffsetRange, StreamBounds, client_for,
+                     read_range, resolve, split_ranges, stream_bounds)
+
+OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
+#: Spark's Kafka source writes these for earliest and latest in JSON offsets.
+JSON_SENTINELS = {-2: "earliest", -1: "latest"}
+
+
+def arrow_schema(columns: Sequence[str] = ()) -> pa.Schema:
+    """The Arrow schema of the rows: the stream, then the consumer's columns
+    with bodies as ``binary`` (Spark has no view types)."""
+    core = core_schema(columns=list(columns) or None, body="binary")
+    return pa.schema([pa.field("stream", pa.string(), nullable=False), *core])
+
+
+@dataclass(frozen=True)
+class _Config:
+    """The options, parsed and checked once on the driver; picklable and
+    free of secrets, so it travels to executors with the partitions."""
+
+    broker: BrokerRef
+    streams: tuple[str, ...]
+    super_stream: str | None
+    starting: Any  # a Bound, or a dict of them per stream
+    ending: Any
+    min_partitions: int | None
+    max_records_per_partition: int | None
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    columns: tuple[str, ...]
+    amqp: bool
+    read_timeout: float
+    consumer_name: str | None
+
+    @classmethod
+    def parse(cls, options: Any, *, streaming: bool) -> _Config:
+        opts = {str(k).lower(): str(v) for k, v in dict(options).items()}
+        if "password" in opts:
+            raise ValueError("the 'password' option would travel with the plan "
+                             "to every executor: use passwordEnv or passwordFile")
+        broker = BrokerRef(opts.get("uri", "rabbitmq-stream://localhost:5552/"),
+                           opts.get("passwordenv", "PYSTREAM_PASSWORD"),
+                           opts.get("passwordfile"))
+        named = [k for k in ("stream", "streams", "superstream") if k in opts]
+        if len(named) != 1:
+            raise ValueError("name exactly one of the options stream, streams "
+                             f"and superstream (got {named or 'none'})")
+        streams: tuple[str, ...] = ()
+        if "superstream" not in opts:
+            streams = tuple(s.strip() for s in opts[named[0]].split(",") if s.strip())
+            if not streams:
+                raise ValueError(f"option {named[0]!r} names no stream")
+        starting = _bounds_option(opts.get("startingoffsets"),
+                                  "latest" if streaming else "earliest",
+                                  "startingOffsets")
+        if "startingtimestamp" in opts:
+            millis = _int_option(opts, "startingtimestamp", 0)
+            starting = dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
+        if streaming and "endingoffsets" in opts:
+            raise ValueError("endingOffsets is for batch reads; a streaming "
+                             "query ends when it is stopped")
+        columns = tuple(c.strip() for c in opts.get("columns", "").split(",") if c.strip())
+        unknown = set(columns) - set(OPTIONAL_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown columns {sorted(unknown)}; the optional "
+                             f"columns are {', '.join(OPTIONAL_COLUMNS)}")
+        return cls(
+            broker=broker,
+            streams=streams,
+            super_stream=opts.get("superstream"),
+            starting=starting,
+            ending=_bounds_option(opts.get("endingoffsets"), "latest", "endingOffsets"),
+            min_partitions=_int_option(opts, "minpartitions", 1),
+            max_records_per_partition=_int_option(opts, "maxrecordsperpartition", 1),
+            max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", 1),
+            fail_on_data_loss=_bool_option(opts, "failondataloss", True),
+            columns=columns,
+            amqp=_bool_option(opts, "amqp", True),
+            read_timeout=float(opts.get("readtimeout", 60)),
+            consumer_name=opts.get("consumername"),
+        )
+
+    def client(self):
+        return client_for(self.broker)
+
+    def current_streams(self) -> tuple[str, ...]:
+        if self.super_stream is None:
+            return self.streams
+        return tuple(self.client().partitions(self.super_stream))
+
+    def read(self, part: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """One range as batches of ``schema`` (a selection of the columns)."""
+        name = pa.scalar(part.stream, pa.string())
+        for batch in read_range(self.broker, part.stream, part.start, part.end,
+                                timeout=self.read_timeout,
+                                fail_on_data_loss=self.fail_on_data_loss,
+                                body="binary", amqp=self.amqp,
+                                columns=list(self.columns) or None):
+            columns = {"stream": pa.repeat(name, batch.num_rows)}
+            columns.update(zip(batch.schema.names, batch.columns))
+            yield pa.RecordBatch.from_arrays([columns[f.name] for f in schema],
+                                             schema=schema)
+
+
+def _int_option(opts: dict, key: str, minimum: int) -> int | None:
+    if key not in opts:
+        return None
+    try:
+        value = int(opts[key])
+    except ValueError:
+        raise ValueError(f"option {key} must be an integer, not {opts[key]!r}") from None
+    if value < minimum:
+        raise ValueError(f"option {key} must be >= {minimum}, not {value}")
+    return value
+
+
+def _bool_option(opts: dict, key: str, default: bool) -> bool:
+    value = opts.get(key, str(default)).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"option {key} must be true or false, not {value!r}")
+    return value == "true"
+
+
+def _bounds_option(text: str | None, default: str, key: str) -> Any:
+    """``earliest``, ``latest`` or a JSON object of offsets per stream."""
+    text = (text or default).strip()
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        spec = json.loads(text)
+        if not isinstance(spec, dict):
+            raise ValueError
+        return {str(s): _json_bound(v) for s, v in spec.items()}
+    except ValueError:
+        raise ValueError(f"option {key} is 'earliest', 'latest' or a JSON "
+                         f'object like {{"stream": 42}}, not {text!r}') from None
+
+
+def _json_bound(value: Any) -> Bound:
+    if value in ("earliest", "latest"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value in JSON_SENTINELS:
+            return JSON_SENTINELS[value]
+        if value >= 0:
+            return value
+    raise ValueError
+
+
+def _schema(config: _Config) -> StructType:
+    return from_arrow_schema(arrow_schema(config.columns), prefer_timestamp_ntz=False)
+
+
+def _output_schema(schema: StructType, config: _Config) -> pa.Schema:
+    """The Arrow schema Spark expects back: the user's selection of our
+    columns, in the user's order."""
+    ours = arrow_schema(config.columns)
+    wanted = to_arrow_schema(schema, timezone="UTC")
+    unknown = [n for n in wanted.names if n not in ours.names]
+    if unknown:
+        raise ValueError(f"rabbitmq_stream has no columns {unknown}; it has "
+                         f"{ours.names} (optional ones through the columns option)")
+    return wanted
+
+
+class RabbitMQStreamDataSource(DataSource):
+    """``spark.read.format("rabbitmq_stream")``: see the module's options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rabbitmq_stream"
+
+    def schema(self) -> StructType:
+        return _schema(_Config.parse(self.options, streaming=False))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader(_Config.parse(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _StreamReader(_Config.parse(self.options, streaming=True), schema)
+
+
+class _RangePartition(InputPartition):
+    def __init__(self, part: OffsetRange) -> None:
+        super().__init__(part)
+        self.part = part
+
+
+class _BatchReader(DataSourceReader):
+    def __init__(self, config: _Config, schema: StructType) -> None:
+        self.config = config
+        self.output = _output_schema(schema, config)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        config = self.config
+        client = config.client()
+        ranges = []
+        for stream in config.current_streams():
+            bounds = stream_bounds(client, stream)
+            lo = _start(config, config.starting, client, stream, bounds)
+            hi = min(resolve(_pick(config.ending, stream, "latest"), client, stream,
+                             bounds), bounds.end)
+            if hi > lo:
+                ranges.append(OffsetRange(stream, lo, hi))
+        parts = split_ranges(ranges, config.min_partitions,
+                             config.max_records_per_partition, 100_000)
+        return [_RangePartition(p) for p in parts]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.config.read(partition.part, self.output)
+
+
+def _pick(bound: Any, stream: str, default: Bound) -> Bound:
+    return bound.get(stream, default) if isinstance(bound, dict) else bound
+
+
+def _start(config: _Config, bound: Any, client, stream: str,
+           bounds: StreamBounds) -> int:
+    """A concrete start, checked against what retention kept."""
+    lo = resolve(_pick(bound, stream, "earliest"), client, stream, bounds)
+    if lo < bounds.first:
+        if config.fail_on_data_loss:
+            raise DataLoss(f"{stream!r}: the read starts at offset {lo} but "
+                           f"retention removed everything before {bounds.first} "
+                           f"(failOnDataLoss=false skips to it)")
+        lo = bounds.first
+    return lo
+
+
+def _initial(bound: Bound) -> Any:
+    """A start as it is written in an offset: a number, or a sentinel the
+    first micro-batch resolves (so a replay of it resolves the same way)."""
+    if isinstance(bound, dt.datetime):
+        return f"timestamp:{int(bound.timestamp() * 1000)}"
+    return bound
+
+
+def _from_offset(value: Any) -> Bound:
+    if isinstance(value, str) and value.startswith("timestamp:"):
+        millis = int(value.split(":", 1)[1])
+        return dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
+    return value
+
+
+class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, config: _Config, schema: StructType) -> None:
+        self.config = config
+        self.output = _output_schema(schema, config)
+        self.target: dict[str, int] | None = None  # Trigger.AvailableNow
+        self.latest: dict[str, int] | None = None
+
+    def initialOffset(self) -> dict:
+        return {s: _initial(_pick(self.config.starting, s, "earliest"))
+                for s in self.config.current_streams()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.config.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        client = self.config.client()
+        self.target = {s: stream_bounds(client, s).end
+                       for s in self.config.current_streams()}
+
+    def reportLatestOffset(self) -> dict | None:
+        return self.latest
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        config = self.config
+        client = config.client()
+        streams = list(dict.fromkeys([*start, *config.current_streams()]))
+        starts: dict[str, int] = {}
+        ends: dict[str, int] = {}
+        for stream in streams:
+            try:
+                bounds = stream_bounds(client, stream)
+            except StreamDoesNotExist:
+                if config.fail_on_data_loss:
+                    raise DataLoss(f"{stream!r} was deleted while the query "
+                                   f"read it (failOnDataLoss=false drops it)") from None
+                continue
+            # A new super stream partition is read from its beginning.
+            lo = _start(config, _from_offset(start.get(stream, "earliest")), client,
+                        stream, bounds)
+            hi = bounds.end
+            if self.target is not None:
+                hi = min(hi, self.target.get(stream, lo))
+            starts[stream], ends[stream] = lo, max(lo, hi)
+        self.latest = ends
+        if isinstance(limit, ReadMaxRows):
+            ends = _admit(starts, ends, limit.max_rows)
+        return ends
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        config = self.config
+        client = config.client()
+        ranges = []
+        for stream, hi in end.items():
+            first = start.get(stream, "earliest")
+            if first == "latest":
+                continue  # the first micro-batch resolved "latest" to ``hi``
+            if isinstance(first, int):
+                lo = first  # read_range checks retention on the executor
+            else:
+                lo = _start(config, _from_offset(first), client, stream,
+                            stream_bounds(client, stream))
+            if hi > lo:
+                ranges.append(OffsetRange(stream, lo, hi))
+        parts = split_ranges(ranges, config.min_partitions,
+                             config.max_records_per_partition, 100_000)
+        return [_RangePartition(p) for p in parts]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.config.read(partition.part, self.output)
+
+    def commit(self, end: dict) -> None:
+        name = self.config.consumer_name
+        if not name:
+            return
+        client = self.config.client()
+        for stream, offset in end.items():
+            if isinstance(offset, int) and offset > 0:
+                client.store_offset(stream, name, offset - 1)
+
+
+def _admit(starts: dict[str, int], ends: dict[str, int], budget: int) -> dict[str, int]:
+    """Cut each stream's waiting offsets so the total is at most ``budget``,
+    in proportion to what each has waiting (at least one offset for the
+    stream with the most, so a batch always makes progress)."""
+    waiting = {s: ends[s] - starts[s] for s in ends}
+    total = sum(waiting.values())
+    if total <= budget:
+        return ends
+    admitted = {s: starts[s] + math.floor(budget * n / total) for s, n in waiting.items()}
+    if admitted == starts:
+        busiest = max(waiting, key=waiting.__getitem__)
+        admitted[busiest] += 1
+    return admitted

@@ -1,0 +1,268 @@
+"""Offset ranges: planned on the driver, read on executors.
+
+``plan_ranges`` turns streams and a start/end into ``OffsetRange`` s the way
+Spark's Kafka source does (split in proportion to size up to
+``min_partitions``, then cap each at ``max_records_per_partition``, never
+below ``min_records_per_partition`` since every range re-reads its first
+chunk). ``read_range`` reads one of them as Arrow batches; it can run in any
+process, and keeps one client per broker and options per Python process.
+
+Offsets count every chunk, offset-tracking chunks included, so a range's
+size is an upper bound of its records.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Iterator, Union
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+
+from ..client import Client
+from ..errors import DataLoss, RequestTimeout
+from ..uri import BrokerAddress, parse_uri
+
+#: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
+Bound = Union[str, int, dt.datetime]
+
+POLL = 0.2  # seconds between looks at the position while no records come
+PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
+
+
+@dataclass(frozen=True)
+class BrokerRef:
+    """Where a broker is and where its password lives, without the password,
+    so it can travel to executors: ``uri`` carries no password; the password
+    is read, where a connection is made, from the file ``password_file`` or
+    else the environment variable ``password_env`` (neither set: the URI's
+    default, ``guest``)."""
+
+    uri: str
+    password_env: str | None = "PYSTREAM_PASSWORD"
+    password_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if urlsplit(self.uri).password is not None:
+            raise ValueError(
+                "the broker URI holds a password, which would travel with the "
+                "plan to every executor: remove it and set the environment "
+                f"variable {self.password_env or 'PYSTREAM_PASSWORD'} (also on "
+                "the executors, e.g. spark.executorEnv.PYSTREAM_PASSWORD) or "
+                "name a password file")
+        parse_uri(self.uri)  # fail on the driver, not in every task
+
+    def address(self) -> BrokerAddress:
+        address = parse_uri(self.uri)
+        if self.password_file:
+            with open(self.password_file, encoding="utf-8") as f:
+                return replace(address, password=f.read().strip("\r\n"))
+        if self.password_env and self.password_env in os.environ:
+            return replace(address, password=os.environ[self.password_env])
+        return address
+
+
+Broker = Union[str, BrokerRef]
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Records ``start`` (inclusive) to ``end`` (exclusive) of ``stream``."""
+
+    stream: str
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class StreamBounds:
+    """What a stream holds now: ``first`` is its first offset, ``end`` the
+    offset after its last committed chunk (both 0 when empty), and
+    ``last_timestamp`` that chunk's time (None when empty)."""
+
+    first: int
+    end: int
+    last_timestamp: dt.datetime | None
+
+
+_clients: dict[tuple, Client] = {}
+_clients_pid = os.getpid()
+_clients_lock = threading.Lock()
+
+
+def client_for(broker: Broker, options: dict[str, Any] | None = None) -> Client:
+    """This process's client for ``broker`` (a forked worker gets its own)."""
+    global _clients_pid
+    options = options or {}
+    key = (broker, tuple(sorted(options.items())))
+    with _clients_lock:
+        if os.getpid() != _clients_pid:
+            _clients.clear()  # the parent's sockets are not ours
+            _clients_pid = os.getpid()
+        client = _clients.get(key)
+        if client is None or client.closed:
+            address = broker.address() if isinstance(broker, BrokerRef) else broker
+            client = _clients[key] = Client(address, **options)
+        return client
+
+
+def stream_bounds(client: Client, stream: str) -> StreamBounds:
+    """The stream's first offset and the end of its last committed chunk,
+    from the broker's statistics where it has them (3.11+) and a read of
+    the last chunk."""
+    committed = None
+    first = None
+    if client.supports("stream_stats"):
+        stats = client.stream_stats(stream)
+        committed = stats.get("committed_chunk_id", -1)
+        first = max(0, stats.get("first_chunk_id", 0))
+        if committed < 0:
+            return StreamBounds(0, 0, None)
+    end, last_timestamp = _read_last_chunk(client, stream)
+    if end is None:  # no user chunk (empty, or offset-tracking chunks only)
+        end = committed if committed is not None else 0
+    if first is None:
+        with client.consumer(stream, offset="first", amqp=False) as consumer:
+            head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
+        first = head[0].as_py() if len(head) else end
+    return StreamBounds(min(first, end), end, last_timestamp)
+
+
+def _read_last_chunk(client: Client, stream: str) -> tuple[int | None, dt.datetime | None]:
+    # "last" attaches to the last user chunk; the position after it is the
+    # end (chunks appended meanwhile only move it further, which is as true).
+    with client.consumer(stream, offset="last", amqp=False) as consumer:
+        for batch in consumer.batches(timeout=PROBE_TIMEOUT):
+            stamp = batch.column(1)[batch.num_rows - 1].as_py()
+            return consumer.position, stamp
+    return None, None
+
+
+def offset_at(client: Client, stream: str, when: dt.datetime,
+              bounds: StreamBounds) -> int:
+    """The first offset of the first chunk stored at or after ``when`` (the
+    stream's end if none is)."""
+    if bounds.last_timestamp is None or when > bounds.last_timestamp:
+        return bounds.end
+    with client.consumer(stream, offset=when, amqp=False) as consumer:
+        head = consumer.read(1, timeout=10 * PROBE_TIMEOUT).column(0)
+    return head[0].as_py() if len(head) else bounds.end
+
+
+def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> int:
+    """A bound as a concrete offset of ``stream``."""
+    if bound == "earliest":
+        return bounds.first
+    if bound == "latest":
+        return bounds.end
+    if isinstance(bound, dt.datetime):
+        return offset_at(client, stream, bound, bounds)
+    if isinstance(bound, int) and not isinstance(bound, bool) and bound >= 0:
+        return bound
+    raise ValueError(f"an offset bound is 'earliest', 'latest', an offset "
+                     f">= 0 or a datetime, not {bound!r}")
+
+
+def read_range(broker: Broker, stream: str, start: int, end: int, *,
+               timeout: float = 60.0, fail_on_data_loss: bool = False,
+               connection_options: dict | None = None,
+               **consumer_options: Any) -> Iterator[pa.RecordBatch]:
+    """The records of ``stream`` from ``start`` up to ``end`` (exclusive) as
+    Arrow batches, trimmed at both ends. ``broker`` is a URI or a
+    ``BrokerRef``; ``consumer_options`` are those of ``Client.consumer``.
+
+    ``DataLoss`` if ``fail_on_data_loss`` and retention removed records from
+    the range's start (otherwise the read starts at the stream's first
+    record); ``RequestTimeout`` if no record comes for ``timeout`` seconds
+    before ``end`` is reached."""
+    if end <= start:
+        return
+    client = client_for(broker, connection_options)
+    if fail_on_data_loss and start > 0:
+        first = stream_bounds(client, stream).first
+        if first > start:
+            raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
+                           f"were removed by retention before they were read")
+    with client.consumer(stream, offset=start, **consumer_options) as consumer:
+        idle = 0.0
+        # The position also moves past chunks without records (offset
+        # tracking chunks), so it, not the rows, says when the range is done.
+        while (consumer.position or start) < end:
+            batch = next(iter(consumer.batches(POLL)), None)
+            if batch is None:
+                idle += POLL
+                if idle >= timeout:
+                    raise RequestTimeout(
+                        f"{stream!r}: nothing after offset {consumer.position} "
+                        f"for {timeout:g} s; the range ends at {end}")
+                continue
+            idle = 0.0
+            offsets = batch.column(0).to_numpy()
+            keep = int(np.searchsorted(offsets, end))
+            if keep:
+                yield batch if keep == batch.num_rows else batch.slice(0, keep)
+            if keep < batch.num_rows:
+                return
+
+
+def plan_ranges(broker: Broker, streams: Iterable[str],
+                start: Bound | dict = "earliest", end: Bound | dict = "latest", *,
+                min_partitions: int | None = None,
+                max_records_per_partition: int | None = None,
+                min_records_per_partition: int = 100_000,
+                fail_on_data_loss: bool = False,
+                connection_options: dict | None = None) -> list[OffsetRange]:
+    """Concrete ranges covering ``start``..``end`` of each stream, resolved
+    now (so every reader reads a fixed range). ``start`` and ``end`` are a
+    bound or a dict of them per stream (missing streams: earliest, latest).
+    A start before the stream's first record raises ``DataLoss`` if
+    ``fail_on_data_loss``, and is otherwise moved to it."""
+    client = client_for(broker, connection_options)
+    ranges = []
+    for stream in streams:
+        bounds = stream_bounds(client, stream)
+        lo = resolve(_for(start, stream, "earliest"), client, stream, bounds)
+        hi = min(resolve(_for(end, stream, "latest"), client, stream, bounds), bounds.end)
+        if lo < bounds.first and lo < hi:
+            if fail_on_data_loss:
+                raise DataLoss(f"{stream!r}: the read starts at {lo} but the "
+                               f"stream's first record is at {bounds.first} "
+                               f"(removed by retention)")
+            lo = bounds.first
+        if hi > lo:
+            ranges.append(OffsetRange(stream, lo, hi))
+    return split_ranges(ranges, min_partitions, max_records_per_partition,
+                        min_records_per_partition)
+
+
+def _for(bound: Bound | dict, stream: str, default: Bound) -> Bound:
+    return bound.get(stream, default) if isinstance(bound, dict) else bound
+
+
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
+                 max_records: int | None, min_records: int) -> list[OffsetRange]:
+    """Split in proportion to size towards ``min_partitions`` ranges (no
+    part below ``min_records``), then so that none holds more than
+    ``max_records``."""
+    total = sum(r.size for r in ranges)
+    out = []
+    for r in ranges:
+        parts = 1
+        if min_partitions and total:
+            parts = max(1, min(round(r.size / total * min_partitions),
+                               r.size // max(1, min_records)))
+        if max_records:
+            parts = max(parts, math.ceil(r.size / max_records))
+        cuts = [r.start + r.size * i // parts for i in range(parts + 1)]
+        out += [OffsetRange(r.stream, a, b) for a, b in zip(cuts, cuts[1:])]
+    return out
+
