@@ -44,7 +44,8 @@ setup(
                                                "wraparound": False}),
     install_requires=["numpy>=1.26", "pyarrow>=14"],
     extras_require={
-        "spark": ["pyspark>=4.2"],
+        # PySpark 4.3 warns on pandas 3.
+        "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
                  "pika"],
     },

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import sys
 import uuid
 
 import pytest
@@ -22,6 +23,9 @@ MODERN_URI = os.environ.get("PYSTREAM_TEST_URI",
 LEGACY_URI = os.environ.get("PYSTREAM_TEST_LEGACY_URI",
                             "rabbitmq-stream://guest:guest@localhost:5562/")
 BROKERS = {"modern": MODERN_URI, "legacy": LEGACY_URI}
+# Spark's Python workers run this interpreter (the venv's), not "python3".
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 BROKER_FIXTURES = {"broker", "uri", "client", "modern", "legacy", "stream",

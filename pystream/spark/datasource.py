@@ -17,7 +17,8 @@ Options (case-insensitive), all strings as Spark passes them:
   streams start at earliest). Default: earliest for batch, latest for
   streaming. ``startingTimestamp`` (ms since the epoch) overrides it.
 - ``endingOffsets`` (batch): ``latest`` or JSON as above.
-- ``minPartitions``, ``maxRecordsPerPartition``: how ranges are split.
+- ``minPartitions``, ``maxRecordsPerPartition``: how ranges are split
+  (``minPartitions`` makes no range smaller than ``MIN_RANGE`` offsets).
 - ``maxOffsetsPerTrigger`` (streaming): offsets per micro-batch over all
   streams, shared in proportion to what each has waiting.
 - ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
@@ -48,8 +49,8 @@ from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
-from .ranges import (Bound, BrokerRef, OffsetRange, StreamBounds, client_for,
-                     read_range, resolve, split_ranges, stream_bounds)
+from .ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, StreamBounds,
+                     client_for, read_range, resolve, split_ranges, stream_bounds)
 
 OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
 #: Spark's Kafka source writes these for earliest and latest in JSON offsets.
@@ -138,8 +139,13 @@ class _Config:
             return self.streams
         return tuple(self.client().partitions(self.super_stream))
 
-    def read(self, part: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-        """One range as batches of ``schema`` (a selection of the columns)."""
+    def read(self, partition: InputPartition,
+             schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """One range as batches of ``schema`` (a selection of the columns).
+        Spark hands ``InputPartition(None)`` when there were no ranges."""
+        part = partition.value
+        if part is None:
+            return
         name = pa.scalar(part.stream, pa.string())
         for batch in read_range(self.broker, part.stream, part.start, part.end,
                                 timeout=self.read_timeout,
@@ -230,12 +236,6 @@ class RabbitMQStreamDataSource(DataSource):
         return _StreamReader(_Config.parse(self.options, streaming=True), schema)
 
 
-class _RangePartition(InputPartition):
-    def __init__(self, part: OffsetRange) -> None:
-        super().__init__(part)
-        self.part = part
-
-
 class _BatchReader(DataSourceReader):
     def __init__(self, config: _Config, schema: StructType) -> None:
         self.config = config
@@ -253,11 +253,11 @@ class _BatchReader(DataSourceReader):
             if hi > lo:
                 ranges.append(OffsetRange(stream, lo, hi))
         parts = split_ranges(ranges, config.min_partitions,
-                             config.max_records_per_partition, 100_000)
-        return [_RangePartition(p) for p in parts]
+                             config.max_records_per_partition, MIN_RANGE)
+        return [InputPartition(p) for p in parts]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self.config.read(partition.part, self.output)
+        return self.config.read(partition, self.output)
 
 
 def _pick(bound: Any, stream: str, default: Bound) -> Bound:
@@ -357,11 +357,11 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if hi > lo:
                 ranges.append(OffsetRange(stream, lo, hi))
         parts = split_ranges(ranges, config.min_partitions,
-                             config.max_records_per_partition, 100_000)
-        return [_RangePartition(p) for p in parts]
+                             config.max_records_per_partition, MIN_RANGE)
+        return [InputPartition(p) for p in parts]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self.config.read(partition.part, self.output)
+        return self.config.read(partition, self.output)
 
     def commit(self, end: dict) -> None:
         name = self.config.consumer_name

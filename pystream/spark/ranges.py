@@ -33,6 +33,9 @@ Bound = Union[str, int, dt.datetime]
 
 POLL = 0.2  # seconds between looks at the position while no records come
 PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
+#: ``min_partitions`` never splits below this many offsets: each range
+#: re-reads the chunk its start falls in.
+MIN_RANGE = 100_000
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
     if end <= start:
         return
     client = client_for(broker, connection_options)
-    if fail_on_data_loss and start > 0:
+    if fail_on_data_loss:
         first = stream_bounds(client, stream).first
         if first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
@@ -218,7 +221,7 @@ def plan_ranges(broker: Broker, streams: Iterable[str],
                 start: Bound | dict = "earliest", end: Bound | dict = "latest", *,
                 min_partitions: int | None = None,
                 max_records_per_partition: int | None = None,
-                min_records_per_partition: int = 100_000,
+                min_records_per_partition: int = MIN_RANGE,
                 fail_on_data_loss: bool = False,
                 connection_options: dict | None = None) -> list[OffsetRange]:
     """Concrete ranges covering ``start``..``end`` of each stream, resolved
