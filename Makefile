@@ -33,11 +33,13 @@ fuzz: deps
 	scripts/fuzz $(FUZZ_SECONDS)
 
 # Decode speed (no broker), then reading and publishing end to end against
-# the modern broker beside rbfly, rstream and the wire limit (--help).
+# the modern broker beside rbfly, rstream and the wire limit, then Spark
+# reading a stream beside Parquet (each script has --help).
 bench: build brokers
 	$(PY) -m pytest bench/bench_decode.py --benchmark-only
 	$(PY) bench/bench_consume.py
 	$(PY) bench/bench_publish.py
+	$(PY) bench/bench_spark.py
 
 clean:
 	rm -rf build dist *.egg-info pystream/_core.c pystream/*.so

@@ -18,6 +18,10 @@ query ``count(*), sum(length(body))`` over its first ``--messages`` records:
   column crosses from the Python workers to the JVM.
 * ``pystream-body``: the same with ``.schema("body binary")``: the source
   then sends only the bodies, as Parquet reads only them.
+* ``python-ceiling``: a Python data source with no I/O at all, yielding
+  one prebuilt batch of 100-byte bodies over and over from 4 partitions:
+  what Spark's Python-worker-to-JVM path alone allows on this machine,
+  the ceiling of any Python data source.
 
 One session serves every run; each reader is warmed up once, then the
 readers take turns ``--repeat`` times. Medians of the wall time of the
@@ -61,6 +65,40 @@ def write_parquet(uri: str, stream: str, count: int, path: pathlib.Path) -> None
     tmp.rename(path)
 
 
+def ceiling_source():
+    """A data source whose partitions yield the same batch of bodies."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Reader(DataSourceReader):
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+        def partitions(self):
+            return [InputPartition(i) for i in range(4)]
+
+        def read(self, partition):
+            step = 8192  # about the rows of one bench-100b chunk
+            body = pa.array([bytes(100)] * step, pa.binary())
+            batch = pa.RecordBatch.from_arrays([body], names=["body"])
+            left = self.rows // 4  # --messages is a multiple of 4
+            while left > 0:
+                yield batch if left >= step else batch.slice(0, left)
+                left -= step
+
+    class Ceiling(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ceiling"
+
+        def schema(self) -> str:
+            return "body binary"
+
+        def reader(self, schema):
+            return Reader(int(self.options["rows"]))
+
+    return Ceiling
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,6 +128,7 @@ def main() -> None:
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RabbitMQStreamDataSource)
+    spark.dataSource.register(ceiling_source())
     uri = pystream.parse_uri(args.uri).uri()  # the source takes no password
 
     def source(count: int, schema: str | None = None):
@@ -104,6 +143,7 @@ def main() -> None:
         "parquet": lambda n: spark.read.parquet(str(parquet)),  # holds exactly n
         "pystream": lambda n: source(n),
         "pystream-body": lambda n: source(n, "body binary"),
+        "python-ceiling": lambda n: spark.read.format("ceiling").option("rows", n).load(),
     }
 
     def measure(name: str, count: int) -> float:
@@ -117,7 +157,7 @@ def main() -> None:
         return seconds
 
     measure("parquet", args.messages)  # JVM and Python workers warm
-    for name in ("pystream", "pystream-body"):
+    for name in ("pystream", "pystream-body", "python-ceiling"):
         measure(name, min(args.messages, 200_000))
     seconds: dict[str, list[float]] = {name: [] for name in readers}
     for run in range(args.repeat):

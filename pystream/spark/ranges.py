@@ -122,22 +122,23 @@ def stream_bounds(client: Client, stream: str) -> StreamBounds:
     """The stream's first offset and the end of its last committed chunk,
     from the broker's statistics where it has them (3.11+) and a read of
     the last chunk."""
-    committed = None
-    first = None
+    first = stream_first(client, stream)
+    if first is None:
+        return StreamBounds(0, 0, None)
+    end, last_timestamp = _read_last_chunk(client, stream)
+    if end is None:  # offset-tracking chunks only: no record to read
+        end = first
+    return StreamBounds(min(first, end), end, last_timestamp)
+
+
+def stream_first(client: Client, stream: str) -> int | None:
+    """The stream's first offset (None if it holds no record)."""
     if client.supports("stream_stats"):
         stats = client.stream_stats(stream)
-        committed = stats.get("committed_chunk_id", -1)
-        first = max(0, stats.get("first_chunk_id", 0))
-        if committed < 0:
-            return StreamBounds(0, 0, None)
-    end, last_timestamp = _read_last_chunk(client, stream)
-    if end is None:  # no user chunk (empty, or offset-tracking chunks only)
-        end = committed if committed is not None else 0
-    if first is None:
-        with client.consumer(stream, offset="first", amqp=False) as consumer:
-            head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
-        first = head[0].as_py() if len(head) else end
-    return StreamBounds(min(first, end), end, last_timestamp)
+        return None if stats.get("committed_chunk_id", -1) < 0 else stats["first_chunk_id"]
+    with client.consumer(stream, offset="first", amqp=False) as consumer:
+        head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
+    return head[0].as_py() if len(head) else None
 
 
 def _read_last_chunk(client: Client, stream: str) -> tuple[int | None, dt.datetime | None]:
@@ -191,8 +192,8 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
         return
     client = client_for(broker, connection_options)
     if fail_on_data_loss:
-        first = stream_bounds(client, stream).first
-        if first > start:
+        first = stream_first(client, stream)
+        if first is not None and first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
                            f"were removed by retention before they were read")
     with client.consumer(stream, offset=start, **consumer_options) as consumer:
