@@ -262,15 +262,14 @@ def publish_range(client, stream, lo, hi):
 
 @pytest.mark.broker
 def test_streaming_micro_batches_see_every_record_once(spark, modern, new_stream):
-    stream_name = new_stream
-    publish_range(modern, stream_name, 0, 1000)
+    publish_range(modern, new_stream, 0, 1000)
     table = f"t_{os.getpid()}"
-    query = (stream_source(spark, stream_name, consumerName="spark-test")
+    query = (stream_source(spark, new_stream, consumerName="spark-test")
              .writeStream.format("memory").queryName(table).start())
     try:
         query.processAllAvailable()
         for lo in (1000, 3000):
-            publish_range(modern, stream_name, lo, lo + 2000)
+            publish_range(modern, new_stream, lo, lo + 2000)
             query.processAllAvailable()
         batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
         assert len(batches) >= 3
@@ -283,16 +282,15 @@ def test_streaming_micro_batches_see_every_record_once(spark, modern, new_stream
     assert sorted(int(b) for b in offsets.column("body").to_pylist()) == list(range(5000))
     # Spark commits a batch to the source when it plans the next one, so the
     # stored offset lags; it is always the last record of some batch.
-    assert modern.query_offset(stream_name, "spark-test") in set(seen)
+    assert modern.query_offset(new_stream, "spark-test") in set(seen)
 
 
 @pytest.mark.broker
 def test_available_now_respects_max_offsets_per_trigger(spark, modern, new_stream):
-    stream_name = new_stream
     for lo in range(0, 3000, 500):
-        publish_range(modern, stream_name, lo, lo + 500)
+        publish_range(modern, new_stream, lo, lo + 500)
     table = f"a_{os.getpid()}"
-    query = (stream_source(spark, stream_name, maxOffsetsPerTrigger="1000")
+    query = (stream_source(spark, new_stream, maxOffsetsPerTrigger="1000")
              .writeStream.format("memory").queryName(table)
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
@@ -303,14 +301,13 @@ def test_available_now_respects_max_offsets_per_trigger(spark, modern, new_strea
 
 @pytest.mark.broker
 def test_latest_start_skips_what_is_there(spark, modern, new_stream):
-    stream_name = new_stream
-    publish_range(modern, stream_name, 0, 100)
+    publish_range(modern, new_stream, 0, 100)
     table = f"l_{os.getpid()}"
-    query = (stream_source(spark, stream_name, startingOffsets="latest")
+    query = (stream_source(spark, new_stream, startingOffsets="latest")
              .writeStream.format("memory").queryName(table).start())
     try:
         query.processAllAvailable()
-        publish_range(modern, stream_name, 100, 150)
+        publish_range(modern, new_stream, 100, 150)
         query.processAllAvailable()
         offsets = spark.sql(f"select offset from {table}").toArrow().column(0)
     finally:
@@ -342,13 +339,12 @@ QUERY = textwrap.dedent("""
 @pytest.mark.broker
 def test_killed_query_restarts_from_its_checkpoint_exactly_once(
         spark, modern, new_stream, tmp_path):
-    stream_name = new_stream
     for lo in range(0, 100_000, 10_000):
-        publish_range(modern, stream_name, lo, lo + 10_000)
+        publish_range(modern, new_stream, lo, lo + 10_000)
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     script = tmp_path / "query.py"
     script.write_text(QUERY)
-    args = [sys.executable, str(script), URI, stream_name, str(sink), str(checkpoint)]
+    args = [sys.executable, str(script), URI, new_stream, str(sink), str(checkpoint)]
     log = (tmp_path / "query.log").open("w")
     child = subprocess.Popen([*args, "trigger"], stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
@@ -361,7 +357,7 @@ def test_killed_query_restarts_from_its_checkpoint_exactly_once(
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the JVM too, mid-way if it can
         child.wait()
-    publish_range(modern, stream_name, 100_000, 110_000)
+    publish_range(modern, new_stream, 100_000, 110_000)
     subprocess.run([*args, "now"], check=True, timeout=300, stdout=log,
                    stderr=subprocess.STDOUT)
     got = spark.read.parquet(str(sink)).toArrow()

@@ -139,6 +139,12 @@ class _Config:
             return self.streams
         return tuple(self.client().partitions(self.super_stream))
 
+    def partitions(self, ranges: list[OffsetRange]) -> list[InputPartition]:
+        """The non-empty ranges, split as the options say, one per task."""
+        parts = split_ranges([r for r in ranges if r.size > 0], self.min_partitions,
+                             self.max_records_per_partition, MIN_RANGE)
+        return [InputPartition(p) for p in parts]
+
     def read(self, partition: InputPartition,
              schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """One range as batches of ``schema`` (a selection of the columns).
@@ -250,11 +256,8 @@ class _BatchReader(DataSourceReader):
             lo = _start(config, config.starting, client, stream, bounds)
             hi = min(resolve(_pick(config.ending, stream, "latest"), client, stream,
                              bounds), bounds.end)
-            if hi > lo:
-                ranges.append(OffsetRange(stream, lo, hi))
-        parts = split_ranges(ranges, config.min_partitions,
-                             config.max_records_per_partition, MIN_RANGE)
-        return [InputPartition(p) for p in parts]
+            ranges.append(OffsetRange(stream, lo, hi))
+        return config.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.config.read(partition, self.output)
@@ -354,11 +357,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             else:
                 lo = _start(config, _from_offset(first), client, stream,
                             stream_bounds(client, stream))
-            if hi > lo:
-                ranges.append(OffsetRange(stream, lo, hi))
-        parts = split_ranges(ranges, config.min_partitions,
-                             config.max_records_per_partition, MIN_RANGE)
-        return [InputPartition(p) for p in parts]
+            ranges.append(OffsetRange(stream, lo, hi))
+        return config.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.config.read(partition, self.output)
