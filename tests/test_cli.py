@@ -1,0 +1,410 @@
+"""The ``pystream`` command line, against the real brokers: in-process
+through ``pystream.cli.main`` and as a real subprocess."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.ipc
+import pyarrow.parquet as pq
+import pytest
+
+import pystream
+from pystream import cli
+
+from .conftest import MODERN_URI
+
+MANAGEMENT = {5552: "http://localhost:15672", 5562: "http://localhost:15682"}
+LINES = [b"hello", b"", "caf\u00e9 \u2615".encode(), b"\xff\xfe not utf-8",
+         b'{"n": 1}']
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_process(*argv: str, stdin: bytes = b"",
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pystream.cli", *argv],
+                          input=stdin, capture_output=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def publish(monkeypatch, capsys, uri: str, stream: str, lines: list[bytes]) -> None:
+    data = b"".join(line + b"\n" for line in lines)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    status, _, err = run(capsys, "--uri", uri, "publish", stream)
+    assert status == 0, err
+    assert f"published {len(lines):,} messages" in err
+
+
+def read_all(uri: str, stream: str, rows: int, **options) -> pa.Table:
+    """The stream's first ``rows`` records, read directly."""
+    with pystream.connect(uri) as client, client.consumer(
+            stream, offset="first", body="binary", **options) as consumer:
+        parts = [consumer.read(rows, timeout=5)]
+        while sum(t.num_rows for t in parts) < rows:
+            parts.append(consumer.read(rows, timeout=5))
+            assert parts[-1].num_rows, "the stream holds fewer records"
+    return pa.concat_tables(parts).slice(0, rows)
+
+
+def assert_one_line_error(status: int, out: str, err: str, *words: str) -> None:
+    assert status == 1
+    assert out == ""
+    assert err.startswith("pystream: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err
+
+
+@pytest.fixture
+def modern_stream(modern, stream_name):
+    """A new stream on the modern broker (``stream`` is on each broker)."""
+    modern.create_stream(stream_name)
+    yield stream_name
+    modern.delete_stream(stream_name, missing_ok=True)
+
+
+@pytest.fixture
+def filled(modern, stream_name):
+    """A stream of 30 000 numbered messages on the modern broker, sent in
+    three batches so that it holds several chunks."""
+    modern.create_stream(stream_name)
+    with modern.producer(stream_name) as producer:
+        for part in range(3):
+            producer.send_batch([f"message {i}".encode()
+                                 for i in range(part * 10_000, (part + 1) * 10_000)])
+    yield stream_name
+    modern.delete_stream(stream_name, missing_ok=True)
+
+
+# --- create, stats, delete, streams -------------------------------------------
+
+def test_create_stats_delete(uri, stream_name, capsys):
+    create = ["--uri", uri, "create", stream_name, "--max-age", "7D",
+              "--max-length-bytes", "100000000", "--max-segment-size-bytes", "10000000"]
+    status, out, _ = run(capsys, *create)
+    assert (status, out) == (0, f"created stream {stream_name!r}\n")
+    try:
+        status, out, _ = run(capsys, "stats", stream_name, "--json", "--uri", uri)
+        assert status == 0
+        stats = json.loads(out)
+        assert (stats["first_offset"], stats["end_offset"],
+                stats["approximate_records"]) == (0, 0, 0)
+        assert stats["leader"].endswith(f":{pystream.parse_uri(uri).port}")
+        with pystream.connect(uri) as client:
+            if client.supports("stream_stats"):
+                assert stats["committed_chunk_id"] == -1
+            else:
+                assert stats["committed_chunk_id"] is None
+
+        status, out, _ = run(capsys, "--uri", uri, "stats", stream_name)
+        assert status == 0
+        assert "end offset:" in out and "leader:" in out
+
+        status, out, err = run(capsys, *create)
+        assert_one_line_error(status, out, err,
+                              f"stream {stream_name!r} already exists")
+    finally:
+        status, out, _ = run(capsys, "--uri", uri, "delete", stream_name)
+    assert (status, out) == (0, f"deleted stream {stream_name!r}\n")
+    status, out, err = run(capsys, "--uri", uri, "stats", stream_name)
+    assert_one_line_error(status, out, err, f"stream {stream_name!r} does not exist")
+
+
+def test_stats_counts_published_records(modern, filled, capsys):
+    status, out, _ = run(capsys, "--uri", MODERN_URI, "stats", filled, "--json")
+    stats = json.loads(out)
+    assert (stats["first_offset"], stats["end_offset"]) == (0, 30_000)
+    assert stats["approximate_records"] == 30_000
+    assert stats["last_chunk_id"] >= stats["committed_chunk_id"] > 0
+
+
+def test_streams_lists_a_created_stream(uri, stream, capsys):
+    management = MANAGEMENT[pystream.parse_uri(uri).port]
+    status, out, _ = run(capsys, "--uri", uri, "streams", "--json",
+                         "--management-url", management)
+    assert status == 0
+    assert stream in [s["name"] for s in json.loads(out)]
+    status, out, _ = run(capsys, "--uri", uri, "streams",
+                         "--management-url", management)
+    assert status == 0
+    assert out.split("\n")[0].split()[:2] == ["NAME", "MESSAGES"]
+    assert any(line.split()[0] == stream for line in out.splitlines()[1:])
+
+
+def test_streams_management_errors(capsys, monkeypatch):
+    monkeypatch.setenv("PYSTREAM_MANAGEMENT_URL", "http://localhost:1")
+    status, out, err = run(capsys, "streams")
+    assert_one_line_error(status, out, err, "cannot reach the management API",
+                          "http://localhost:1")
+    monkeypatch.delenv("PYSTREAM_MANAGEMENT_URL")
+    status, out, err = run(capsys, "--uri", "rabbitmq-stream://guest:Wr0ng@localhost/",
+                           "streams")
+    assert_one_line_error(status, out, err, "401")
+    assert "Wr0ng" not in err
+
+
+# --- publish and tail ---------------------------------------------------------
+
+def test_publish_then_tail_json(uri, stream, capsys, monkeypatch):
+    publish(monkeypatch, capsys, uri, stream, LINES)
+    status, out, _ = run(capsys, "--uri", uri, "tail", stream, "--from", "first",
+                         "--count", str(len(LINES)), "--format", "json",
+                         "--columns", "properties,application_properties")
+    assert status == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["offset"] for r in records] == list(range(len(LINES)))
+    bodies = [r["body"].encode() if "body" in r else base64.b64decode(r["body_base64"])
+              for r in records]
+    assert bodies == LINES
+    assert "body_base64" in records[3] and "body" not in records[3]
+    assert records[2]["body"] == "caf\u00e9 \u2615"
+    stamp = dt.datetime.fromisoformat(records[0]["chunk_timestamp"])
+    assert abs(dt.datetime.now(dt.timezone.utc) - stamp) < dt.timedelta(minutes=5)
+    assert all(set(r) >= {"properties", "application_properties"} for r in records)
+
+
+def test_tail_json_renders_optional_columns(modern, modern_stream, capsys):
+    with modern.producer(modern_stream) as producer:
+        producer.send(b"x", properties={"message_id": "m-1", "user_id": b"guest"},
+                      application_properties={"color": "red", "n": 3})
+        producer.flush(10)
+    status, out, _ = run(capsys, "--uri", MODERN_URI, "tail", modern_stream,
+                         "--from", "first", "--count", "1", "--format", "json",
+                         "--columns", "application_properties,properties")
+    record = json.loads(out)
+    assert record["properties"] == {"message_id": "m-1", "user_id": "guest"}
+    assert record["application_properties"] == {"color": "red", "n": "3"}
+
+
+def test_tail_table(uri, stream, capsys, monkeypatch):
+    publish(monkeypatch, capsys, uri, stream, LINES + [b"x" * 5000])
+    status, out, _ = run(capsys, "--uri", uri, "tail", stream,
+                         "--from", "0", "--count", "6")
+    assert status == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:2] == ["OFFSET", "TIME"] and header.endswith("BODY")
+    assert [int(row.split()[0]) for row in rows] == list(range(6))
+    assert rows[0].endswith("  hello")
+    assert rows[3].endswith(r"\xff\xfe not utf-8")
+    assert rows[5].endswith("xxx...") and len(rows[5]) < 300
+
+
+def test_tail_from_a_time_and_next(modern, modern_stream, capsys, monkeypatch):
+    publish(monkeypatch, capsys, MODERN_URI, modern_stream, [b"old"])
+    time.sleep(1.1)  # chunk timestamps have millisecond resolution
+    middle = dt.datetime.now(dt.timezone.utc)
+    publish(monkeypatch, capsys, MODERN_URI, modern_stream, [b"new"])
+    status, out, _ = run(capsys, "--uri", MODERN_URI, "tail", modern_stream, "--from",
+                         middle.isoformat(), "--count", "1", "--format", "raw")
+    assert (status, out) == (0, "new\n")
+
+    # --from next waits for a message published after it subscribed.
+    def publish_later() -> None:
+        with modern.producer(modern_stream) as producer:
+            producer.send_batch([b"newest"]).result(10)
+
+    later = threading.Timer(1.0, publish_later)
+    later.start()
+    status, out, _ = run(capsys, "--uri", MODERN_URI, "tail", modern_stream,
+                         "--from", "next", "--count", "1", "--format", "raw")
+    later.join()
+    assert (status, out) == (0, "newest\n")
+
+
+def test_publish_and_tail_raw_as_processes(uri, stream):
+    lines = LINES + [b"line %d" % i for i in range(25_000)]
+    # No newline after the last line: it is still a message.
+    done = run_process("--uri", uri, "publish", stream,
+                       stdin=b"\n".join(lines))
+    assert done.returncode == 0, done.stderr
+    assert b"published 25,005 messages" in done.stderr
+    done = run_process("tail", stream, "--from", "first", "--count", str(len(lines)),
+                       "--format", "raw", env={"PYSTREAM_URI": uri})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"".join(line + b"\n" for line in lines)
+
+
+def test_tail_ctrl_c_exits_quietly(modern_stream):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI, "tail",
+         modern_stream],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout.readline().split()[0] == b"OFFSET"  # subscribed
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert process.stderr.read() == b""
+    finally:
+        process.kill()
+        process.communicate()
+
+
+def test_line_batches_send_slow_input_without_waiting_for_more():
+    read, write = os.pipe()
+    with open(read, "rb") as source, open(write, "wb", buffering=0) as sink:
+        sink.write(b"a\nb\nunfinished")
+        batches = cli.line_batches(source)
+        started = time.monotonic()
+        assert next(batches) == [b"a", b"b"]  # after the linger, input still open
+        assert time.monotonic() - started < 2
+        sink.write(b" line\n" + b"x\n" * 25_000)
+        sink.close()
+        rest = list(batches)
+    assert rest[0][0] == b"unfinished line"
+    assert sum(map(len, rest)) == 25_001
+    assert max(map(len, rest)) == cli.PUBLISH_BATCH
+
+
+# --- dump ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_dump_matches_a_direct_read(filled, tmp_path, capsys, suffix):
+    target = tmp_path / f"out{suffix}"
+    status, out, err = run(capsys, "--uri", MODERN_URI, "dump", filled,
+                           "--to", str(target), "--columns", "application_properties")
+    assert status == 0
+    assert out == ""
+    assert err.count("\n") == 1 and "30,000 records" in err  # no bar: not a TTY
+    table = (pq.read_table(target) if suffix == ".parquet"
+             else pa.ipc.open_file(target).read_all())
+    expected = read_all(MODERN_URI, filled, 30_000, columns=["application_properties"])
+    assert table.schema.names == ["offset", "chunk_timestamp", "body",
+                                  "application_properties"]
+    assert table["offset"].to_pylist() == list(range(30_000))
+    assert table["body"].to_pylist() == expected["body"].to_pylist()
+    assert (table["chunk_timestamp"].to_pylist()
+            == expected["chunk_timestamp"].to_pylist())
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_dump_range_with_progress(filled, tmp_path, capsys):
+    target = tmp_path / "part.arrow"
+    status, _, err = run(capsys, "--uri", MODERN_URI, "dump", filled,
+                         "--to", str(target), "--from", "15000",
+                         "--to-offset", "25000", "--progress")
+    assert status == 0
+    assert "] 100%" in err and "10,000 records" in err
+    table = pa.ipc.open_file(target).read_all()
+    assert table["offset"].to_pylist() == list(range(15_000, 25_000))
+    assert table["body"][0].as_py() == b"message 15000"
+
+    # --to-offset beyond the end stops at the end; an empty range is a file too.
+    for start, end, rows in (("29990", "99999999", 10), ("next", None, 0)):
+        argv = ["--uri", MODERN_URI, "dump", filled, "--to", str(target),
+                "--from", start]
+        assert cli.main(argv + (["--to-offset", end] if end else [])) == 0
+        assert pa.ipc.open_file(target).read_all().num_rows == rows
+
+
+def test_interrupted_dump_leaves_no_file(filled, tmp_path, capsys, monkeypatch):
+    def one_batch_then_ctrl_c(*args, **kwargs):
+        yield from pystream.spark.read_range(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "read_range", one_batch_then_ctrl_c)
+    status, _, _ = run(capsys, "--uri", MODERN_URI, "dump", filled,
+                       "--to", str(tmp_path / "out.parquet"))
+    assert status == 130
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dump_usage_errors(capsys, tmp_path):
+    status, _, err = run(capsys, "dump", "s", "--to", str(tmp_path / "out.csv"))
+    assert status == 2 and ".parquet or .arrow" in err
+    status, _, err = run(capsys, "dump", "s", "--to", "x.arrow", "--from", "yesterday")
+    assert status == 2 and "ISO 8601" in err
+    status, out, err = run(capsys, "dump", "s",
+                           "--to", str(tmp_path / "no" / "x.arrow"))
+    assert_one_line_error(status, out, err, "not a directory")
+
+
+# --- errors -------------------------------------------------------------------
+
+def test_wrong_password_is_one_line_without_the_password(capsys):
+    bad = "rabbitmq-stream://guest:N0tThePassw0rd@localhost:5552/"
+    status, out, err = run(capsys, "--uri", bad, "stats", "anything")
+    assert_one_line_error(status, out, err, "authentication failed", "'guest'")
+    assert "N0tThePassw0rd" not in out + err
+
+    done = run_process("stats", "anything", env={"PYSTREAM_URI": bad})
+    assert done.returncode == 1
+    assert done.stdout == b""
+    assert done.stderr.startswith(b"pystream: error: authentication failed")
+    assert done.stderr.count(b"\n") == 1 and b"Traceback" not in done.stderr
+    assert b"N0tThePassw0rd" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["tail", "{}", "--from", "first"], ["dump", "{}", "--to", "{}.arrow"],
+    ["stats", "{}"], ["delete", "{}"], ["publish", "{}"]])
+def test_missing_stream_is_one_line(modern, stream_name, capsys, tmp_path,
+                                    monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n")))
+    argv = [a.format(stream_name) for a in argv]
+    status, out, err = run(capsys, "--uri", MODERN_URI, *argv)
+    assert_one_line_error(status, out, err, f"stream {stream_name!r} does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unreachable_broker_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("PYSTREAM_URI", "rabbitmq-stream://guest:guest@localhost:1/")
+    status, out, err = run(capsys, "tail", "s")
+    assert_one_line_error(status, out, err, "cannot connect", "localhost:1",
+                          "Connection refused")
+    status, out, err = run(capsys, "stats", "s", "--uri",
+                           "rabbitmq-stream://guest:guest@no-such-host.invalid/")
+    assert_one_line_error(status, out, err, "no-such-host.invalid")
+
+
+def test_debug_shows_the_traceback(modern, stream_name, capsys):
+    with pytest.raises(pystream.StreamDoesNotExist):
+        cli.main(["--uri", MODERN_URI, "stats", stream_name, "--debug"])
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(capsys, "--uri", "http://localhost/", "stats", "s")[0] == 2
+    assert run(capsys, "create", "s", "--max-age", "a week")[0] == 2
+    assert run(capsys, "tail", "s", "--columns", "body")[0] == 2
+    assert run(capsys, "tail", "s", "--count", "0")[0] == 2
+    assert run(capsys)[0] == 2
+    status, out, _ = run(capsys, "--help")
+    assert status == 0 and "publish" in out
+
+
+def test_start_spec():
+    assert cli.start_spec("first") == "first"
+    assert cli.start_spec("42") == 42
+    when = cli.start_spec("2024-05-01T12:00:00Z")
+    assert when == dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
+    assert cli.start_spec("2024-05-01T12:00:00").tzinfo is not None  # local time
+
+
+# --- bench --------------------------------------------------------------------
+
+def test_bench_passes_arguments_through(capfd):
+    assert cli.main(["bench", "throughput", "--help"]) == 0
+    assert "usage: bench_consume.py" in capfd.readouterr().out
+
+
+def test_bench_without_the_scripts(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path / "bench")
+    status, out, err = run(capsys, "bench", "latency", "--rates", "1000")
+    assert status == 2 and out == ""
+    assert err.startswith("pystream: error: ") and err.count("\n") == 1
+    assert "bench_latency.py not found" in err and "source checkout" in err
