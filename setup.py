@@ -47,7 +47,10 @@ setup(
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
-                 "pika"],
+                 "pika", "jinja2", "pyyaml"],
+        # the latency benchmark's plots
+        "bench": ["matplotlib"],
     },
+    entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     zip_safe=False,
 )
