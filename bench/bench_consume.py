@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_consume.py                   # everything, 3 runs
     .venv/bin/python bench/bench_consume.py --only wire,pystream --repeat 5
     .venv/bin/python bench/bench_consume.py --json results.json
+    .venv/bin/python bench/bench_consume.py --plot bench/results/consume.png
 
 What it measures
 ----------------
@@ -334,6 +335,46 @@ def print_table(key: str, stream: str, body_size: int, end: int,
     return ratios
 
 
+def plot_bars(path: str, results: dict) -> None:
+    """A bar chart of the median msg/s: one group per stream, one bar per
+    reader (log scale: the readers span two orders of magnitude)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = results["streams"]
+    readers = [r for r in READERS
+               if any(r in v["summary"] for v in streams.values())]
+    width = 0.8 / max(1, len(readers))
+    fig, ax = plt.subplots(figsize=(2 + 2.2 * len(streams), 5))
+    for i, reader in enumerate(readers):
+        xs, ys = [], []
+        for j, info in enumerate(streams.values()):
+            s = info["summary"].get(reader)
+            if s is not None:
+                xs.append(j + (i - (len(readers) - 1) / 2) * width)
+                ys.append(s["msg_per_s_median"])
+        bars = ax.bar(xs, ys, width, label=LABELS[reader])
+        ax.bar_label(bars, [fmt_rate(y) for y in ys], fontsize=7, padding=2)
+    ax.set_xticks(range(len(streams)), [
+        f"{name}: {info['body_size']} B bodies\n{info['messages']:,} read"
+        + (f" (rbfly, rstream: {info['peer_messages']:,})"
+           if info["peer_messages"] < info["messages"] else "")
+        for name, info in streams.items()])
+    ax.set_yscale("log")
+    ax.set_ylabel("messages per second (median, log scale)")
+    ax.set_title(f"Reading a stream to the end (RabbitMQ "
+                 f"{results['broker_version']}, median of {results['repeat']} "
+                 f"run{'s' if results['repeat'] > 1 else ''})")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot written to {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -355,6 +396,8 @@ def main() -> None:
     ap.add_argument("--stall", type=float, default=20,
                     help="end a run that read nothing new for this many seconds")
     ap.add_argument("--json", help="write machine-readable results here")
+    ap.add_argument("--plot", metavar="PATH",
+                    help="write a bar chart of the medians here (PNG)")
     ap.add_argument("--pystream-credit", default="default",
                     help="credit policy of the pystream consumer: default, "
                          "adaptive:MAX_BYTES[:MAX_OUTSTANDING], on_arrival:N, "
@@ -440,6 +483,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nresults written to {args.json}")
+    if args.plot:
+        plot_bars(args.plot, results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,673 @@
+"""Publish-to-application latency: how long after a message is sent does a
+Python consumer hand it to the application?
+
+    .venv/bin/python bench/bench_latency.py                 # everything, 3 runs, ~12 min
+    .venv/bin/python bench/bench_latency.py --rates 1000,10000 --seconds 5
+    .venv/bin/python bench/bench_latency.py --only pystream --json latency.json
+
+What it measures
+----------------
+For each rate in ``--rates`` (1 k, 10 k and 100 k msg/s) and each consumer in
+``--only`` (pystream, rbfly, rstream), one after another on the same broker
+(RabbitMQ 4.0, ``--uri``):
+
+1. The stream ``bench-latency`` is created afresh.
+2. The consumer starts in a fresh process, subscribes at offset "next" and
+   says it is ready once the broker answered the subscription.
+3. A publisher starts in another fresh process and publishes ``--seconds``
+   (20) at the rate, pystream's producer (``send_batch`` of a
+   ``pyarrow.binary()`` array, confirms not awaited until the end), the same
+   for every consumer. It paces in ticks of ``--tick-ms`` (1 ms): at each
+   tick it sends the messages whose scheduled time (message i at
+   ``start + i / rate``) has come, so it catches up when it was late and
+   never runs ahead of the schedule. Each message is an AMQP 1.0 message of
+   ``--size`` (100) bytes whose body starts with its send time
+   (``CLOCK_MONOTONIC`` in ns, shared by all processes on Linux, taken right
+   before ``send_batch``) and its sequence number, both little-endian int64;
+   a last marker message carries the number sent. The publisher records how
+   late each tick was against the schedule (its *lag*); a run whose lag ever
+   passed ``--max-lag-ms`` (50) is flagged: the publisher did not keep the
+   rate, and its catch-up burst is part of what the consumer saw.
+4. The consumer takes ``latency = receive time - send time`` for each
+   message, stops at the marker and reports:
+
+   * ``pystream``: ``client.consumer(stream, offset="next")`` with its
+     defaults, iterating batches; the receive time is taken when a batch is
+     handed to the application, and the send times are read vectorised (the
+     body column cast to ``binary``, the first 16 bytes of each body
+     gathered with numpy), no Python object per message.
+   * ``rbfly``: ``stream_client.subscribe(stream, offset=Offset.NEXT)``, the
+     async iterator of message bodies; a receive time per message.
+   * ``rstream``: ``Consumer.subscribe(stream, callback,
+     decoder=amqp_decoder, offset_specification=NEXT)``; a receive time per
+     message, in the callback.
+
+   Messages sent in the first ``--warmup`` seconds (2) are left out. The
+   latencies of the rest give the percentiles (p50, p90, p99, p99.9,
+   p99.99, max), a histogram and a percentile curve. The count is checked
+   against what the publisher sent in the same window (``lost``), and
+   ``disorder`` counts the places where a sequence number does not follow
+   the one before (a gap, a repeat or a reordering).
+
+A consumer that receives nothing new for ``--stall`` seconds, or has not
+caught up ``--timeout`` seconds after the publisher's end, is reported as
+failed; the others go on.
+
+Output: a markdown table per rate (the p99 ratio is each client's p99 over
+pystream's), the targets (pystream p99 <= 5 ms at 10 k msg/s and <= 20 ms at
+100 k msg/s, and below both peers' p99 at every rate), ``--json PATH``, and in
+``--plot-dir`` (bench/results) ``latency-percentiles.png`` (percentile
+curves, one line per client and rate) and ``latency-histogram.png`` (one
+panel per rate, the clients overlaid).
+
+Everything runs on one 2-core machine: the broker, the publisher and the
+consumer share it, so the figures include their competition for the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
+                   run_child_process, start_watchdog)
+
+DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+STREAM = "bench-latency"
+CLIENTS = ("pystream", "rbfly", "rstream")
+PEERS = ("rbfly", "rstream")
+LABELS = {"pystream": "pystream", "rbfly": "rbfly 0.10", "rstream": "rstream 1.1.1"}
+COLORS = {"pystream": "tab:blue", "rbfly": "tab:orange", "rstream": "tab:green"}
+TARGET_P99_MS = {10_000: 5.0, 100_000: 20.0}
+
+HEAD = 16          # body bytes read back: send time and sequence number
+MARKER = -1        # send-time field of the end marker; its sequence = messages sent
+MARKER_BYTES = np.array([MARKER], "<i8").tobytes()
+PERCENTILES = (50, 90, 99, 99.9, 99.99)
+HIST_EDGES_MS = 10 ** np.arange(-2, 5.001, 0.05)   # 0.01 ms to 100 s, 20 a decade
+CURVE_STEP = 0.05  # percentile curve: steps of log10(1 / (1 - p))
+
+
+# --- the publisher (child process) ----------------------------------------------
+
+
+def publish_paced(uri: str, stream: str, rate: int, seconds: float, size: int,
+                  warmup: float, tick_ms: float) -> dict:
+    import pyarrow as pa
+
+    import pystream
+    total = int(rate * seconds)
+    pad = np.frombuffer(make_body(size), np.uint8)
+    tick = int(tick_ms * 1e6)
+    warm_ns = int(warmup * 1e9)
+    lags: list[int] = []
+    sent = measured = 0
+    with pystream.connect(uri) as client, client.producer(stream) as producer:
+        t0 = time.monotonic_ns()
+        first_stamp = None
+        while sent < total:
+            now = time.monotonic_ns()
+            due = min(total, (now - t0) * rate // 1_000_000_000 + 1)
+            n = due - sent
+            if n > 0:
+                lags.append(now - (t0 + sent * 1_000_000_000 // rate))
+                data = np.tile(pad, n)
+                heads = data.reshape(n, size)[:, :HEAD].view("<i8")
+                offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
+                bodies = pa.Array.from_buffers(
+                    pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+                heads[:, 1] = np.arange(sent, sent + n)
+                stamp = time.monotonic_ns()
+                heads[:, 0] = stamp
+                producer.send_batch(bodies)
+                if first_stamp is None:
+                    first_stamp = stamp
+                if stamp >= first_stamp + warm_ns:
+                    measured += n
+                sent += n
+                PROGRESS[0] = sent
+            # sleep to the next tick boundary (none when already past it)
+            next_tick = t0 + ((time.monotonic_ns() - t0) // tick + 1) * tick
+            time.sleep(max(0, next_tick - time.monotonic_ns()) / 1e9)
+        elapsed = (time.monotonic_ns() - t0) / 1e9
+        marker = np.array([MARKER, sent], "<i8").tobytes() + bytes(size - HEAD)
+        producer.send_batch([marker])
+        producer.flush(timeout=120)
+    lag_ms = np.array(lags) / 1e6
+    return {"sent": sent, "measured": measured, "seconds": elapsed,
+            "rate": sent / elapsed, "ticks": len(lags),
+            "lag_p50_ms": float(np.percentile(lag_ms, 50)),
+            "lag_p99_ms": float(np.percentile(lag_ms, 99)),
+            "lag_max_ms": float(lag_ms.max())}
+
+
+# --- the consumers (child processes) ----------------------------------------------
+
+
+class CpuClock:
+    """The consumer process's CPU time over wall time, from its creation
+    (once subscribed) to ``share()`` (at the end marker)."""
+
+    def __init__(self) -> None:
+        self.cpu0, self.t0 = time.process_time(), time.monotonic()
+
+    def share(self) -> float:
+        return (time.process_time() - self.cpu0) / (time.monotonic() - self.t0)
+
+
+def latency_result(recv_ns: np.ndarray, heads: np.ndarray, warmup: float,
+                   cpu_share: float, extra: dict) -> dict:
+    """The RESULT of a consumer from every message's receive time and body
+    head (send time, sequence number), the end marker last."""
+    stamps, seqs = heads[:, 0], heads[:, 1]
+    if not len(stamps) or stamps[-1] != MARKER:
+        raise SystemExit("ended without the end marker")
+    if seqs[0] != 0:
+        raise SystemExit(f"the first message received is #{seqs[0]}, not #0")
+    sent = int(seqs[-1])
+    stamps, seqs, recv_ns = stamps[:-1], seqs[:-1], recv_ns[:-1]
+    keep = stamps >= stamps[0] + int(warmup * 1e9)
+    lat = (recv_ns[keep] - stamps[keep]) / 1e6
+    if not len(lat):
+        raise SystemExit("no message after the warm-up")
+    xs = np.arange(0, np.log10(len(lat)) + 1e-9, CURVE_STEP)
+    curve = np.quantile(lat, 1 - 10.0 ** -xs)
+    hist, _ = np.histogram(np.clip(lat, HIST_EDGES_MS[0], HIST_EDGES_MS[-1]),
+                           HIST_EDGES_MS)
+    pct = np.percentile(lat, PERCENTILES)
+    return {
+        "messages": int(len(lat)), "received": int(len(seqs)), "sent": sent,
+        "disorder": int(np.count_nonzero(np.diff(seqs) != 1)),
+        "mean_ms": float(lat.mean()), "max_ms": float(lat.max()),
+        **{f"p{p:g}_ms": float(v) for p, v in zip(PERCENTILES, pct)},
+        "curve": {"x": [round(float(x), 3) for x in xs],
+                  "ms": [float(f"{v:.4g}") for v in curve]},
+        "hist": [int(c) for c in hist],
+        "cpu_share": cpu_share,
+        **extra}
+
+
+def per_message_arrays(recv: array, heads: bytearray) -> tuple:
+    """What the per-message consumers collected, as ``latency_result`` takes it."""
+    return (np.frombuffer(recv, np.int64),
+            np.frombuffer(heads, "<i8").reshape(-1, 2))
+
+
+def consume_pystream(uri: str, stream: str, warmup: float,
+                     ready: Callable[[], None]) -> dict:
+    import pyarrow as pa
+
+    import pystream
+    recv: list[np.ndarray] = []
+    heads: list[np.ndarray] = []
+    batches = 0
+    gather = np.arange(HEAD)
+    with pystream.connect(uri) as client:
+        with client.consumer(stream, offset="next") as consumer:
+            ready()
+            clock = CpuClock()
+            for batch in consumer:
+                now = time.monotonic_ns()
+                body = batch.column("body").cast(pa.binary())
+                n = len(body)
+                _, offsets, data = body.buffers()
+                starts = np.frombuffer(offsets, np.int32, n, body.offset * 4)
+                raw = np.frombuffer(data, np.uint8)
+                head = raw[starts[:, None] + gather].view("<i8")
+                heads.append(head)
+                recv.append(np.full(n, now, np.int64))
+                batches += 1
+                PROGRESS[0] += n
+                if head[-1, 0] == MARKER:
+                    break
+            cpu_share = clock.share()
+    rows = sum(len(r) for r in recv)
+    return latency_result(np.concatenate(recv), np.concatenate(heads), warmup,
+                          cpu_share, {"batches": batches,
+                                "rows_per_batch": rows / batches})
+
+
+def consume_rbfly(uri: str, stream: str, warmup: float,
+                  ready: Callable[[], None]) -> dict:
+    import asyncio
+    import logging
+
+    from rbfly.streams import Offset, streams_client
+
+    recv = array("q")
+    heads = bytearray()
+
+    async def run() -> float:
+        client = streams_client(uri)
+        await client.get_protocol()
+        # rbfly subscribes lazily, inside the iterator, and says so only in
+        # its log: wait for that line before telling the parent.
+        subscribed = asyncio.Event()
+
+        class OnSubscribed(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.getMessage().startswith("(re)subscribed"):
+                    subscribed.set()
+
+        log = logging.getLogger("rbfly.streams.client")
+        log.setLevel(logging.INFO)
+        log.addHandler(OnSubscribed())
+        gen = client.subscribe(stream, offset=Offset.NEXT)
+        first = asyncio.ensure_future(gen.__anext__())
+        waiting = asyncio.ensure_future(subscribed.wait())
+        await asyncio.wait({first, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        ready()
+        clock = CpuClock()
+        now = time.monotonic_ns
+        body = await first
+        while True:
+            recv.append(now())
+            heads.extend(body[:HEAD])
+            n = len(recv)
+            if not n & 1023:
+                PROGRESS[0] = n
+            if body[:8] == MARKER_BYTES:
+                break
+            body = await gen.__anext__()
+        return clock.share()
+
+    cpu_share = asyncio.run(run())
+    return latency_result(*per_message_arrays(recv, heads), warmup, cpu_share, {})
+
+
+def consume_rstream(uri: str, stream: str, warmup: float,
+                    ready: Callable[[], None]) -> dict:
+    import asyncio
+
+    from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification,
+                         MessageContext, OffsetType, amqp_decoder)
+
+    from pystream.uri import parse_uri
+
+    a = parse_uri(uri)
+    recv = array("q")
+    heads = bytearray()
+
+    async def run() -> float:
+        done = asyncio.Event()
+        now = time.monotonic_ns
+
+        def on_message(msg: AMQPMessage, ctx: MessageContext) -> None:
+            recv.append(now())
+            body = msg.body
+            if not isinstance(body, (bytes, bytearray)):
+                body = b"".join(body)
+            heads.extend(body[:HEAD])
+            n = len(recv)
+            if not n & 1023:
+                PROGRESS[0] = n
+            if body[:8] == MARKER_BYTES:
+                done.set()
+
+        consumer = Consumer(a.host, a.port, username=a.username,
+                            password=a.password, vhost=a.virtual_host)
+        await consumer.start()
+        await consumer.subscribe(
+            stream, on_message, decoder=amqp_decoder,
+            offset_specification=ConsumerOffsetSpecification(OffsetType.NEXT, None))
+        ready()
+        clock = CpuClock()
+        await done.wait()
+        return clock.share()
+
+    cpu_share = asyncio.run(run())
+    return latency_result(*per_message_arrays(recv, heads), warmup, cpu_share, {})
+
+
+CONSUMERS = {"pystream": consume_pystream, "rbfly": consume_rbfly,
+             "rstream": consume_rstream}
+
+
+def child_main(args: argparse.Namespace) -> None:
+    # A consumer idles from its start until the publisher's first message
+    # (a second or two): far less than --stall.
+    start_watchdog(args.stall)
+    if args.child == "publisher":
+        out = publish_paced(args.uri, args.stream, args.rate, args.seconds,
+                            args.size, args.warmup, args.tick_ms)
+    else:
+        def ready() -> None:
+            """Tell the parent that the subscription is in place."""
+            Path(args.ready_file).write_text("ready\n")
+
+        out = CONSUMERS[args.child](args.uri, args.stream, args.warmup, ready)
+    print("RESULT " + json.dumps(out), flush=True)
+    os._exit(0)  # do not wait for the peers' slow teardown
+
+
+# --- the parent -------------------------------------------------------------------
+
+
+def child_cmd(args: argparse.Namespace, role: str, *extra: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+            "--child", role, "--stream", STREAM, "--warmup", str(args.warmup),
+            "--stall", str(args.stall), *extra]
+
+
+def measure(args: argparse.Namespace, client_name: str, rate: int) -> dict:
+    """One consumer at one rate: fresh stream, consumer, then publisher."""
+    import pystream
+    with pystream.connect(args.uri) as admin:
+        admin.delete_stream(STREAM, missing_ok=True)
+        admin.create_stream(STREAM)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            ready_file = os.path.join(tmp, "ready")
+            consumer: list[dict] = []
+            cmd = child_cmd(args, client_name, "--ready-file", ready_file)
+            thread = threading.Thread(target=lambda: consumer.append(
+                run_child_process(cmd, args.seconds + args.timeout + 30)))
+            thread.start()
+            deadline = time.monotonic() + 60
+            while (not os.path.exists(ready_file) and thread.is_alive()
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            if not os.path.exists(ready_file):
+                thread.join()
+                return {"error": "did not subscribe: "
+                                 + consumer[0].get("error", "no answer in 60 s")}
+            publisher = run_child_process(
+                child_cmd(args, "publisher", "--rate", str(rate),
+                          "--seconds", str(args.seconds), "--size", str(args.size),
+                          "--tick-ms", str(args.tick_ms)),
+                args.seconds + 120)
+            thread.join()
+    finally:
+        with pystream.connect(args.uri) as admin:
+            admin.delete_stream(STREAM, missing_ok=True)
+    out = dict(consumer[0])
+    if "error" in publisher:
+        out["error"] = "publisher " + publisher["error"]
+        return out
+    out["publisher"] = publisher
+    out["publisher_flagged"] = publisher["lag_max_ms"] > args.max_lag_ms
+    if "error" not in out:
+        out["lost"] = publisher["measured"] - out["messages"]
+    return out
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose p99 is the median of the good runs (a whole run, so its
+    percentiles, curve and histogram stay consistent), with every run's p99;
+    the first failure if no run succeeded."""
+    good = sorted((r for r in runs if "error" not in r), key=lambda r: r["p99_ms"])
+    if not good:
+        return runs[0]
+    return {**good[(len(good) - 1) // 2], "p99_runs_ms": [r["p99_ms"] for r in good],
+            "failed_runs": len(runs) - len(good)}
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 100 else f"{x:,.0f}"
+
+
+def print_table(rate: int, runs: dict[str, dict], max_lag: float) -> None:
+    print()
+    print(f"### {fmt_rate(rate)} msg/s")
+    print()
+    print("| client | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | messages "
+          "| lost | p99 vs pystream | p99 of each run | publisher lag p99 / max ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    base = runs.get("pystream", {}).get("p99_ms")
+    flagged = False
+    for name, r in runs.items():
+        pub = r.get("publisher")
+        lag = (f"{pub['lag_p99_ms']:.2f} / {pub['lag_max_ms']:.1f}"
+               if pub else "-")
+        if r.get("publisher_flagged"):
+            lag += " *"
+            flagged = True
+        if "error" in r:
+            error = r["error"].replace("|", "/")  # keep the table's columns
+            print(f"| {LABELS[name]} | FAILED: {error} |||||||||{lag} |")
+            continue
+        ratio = f"{r['p99_ms'] / base:.1f}x" if base else "-"
+        lost = str(r["lost"]) + (f" ({r['disorder']} breaks in sequence)"
+                                 if r["disorder"] else "")
+        print(f"| {LABELS[name]} | {fmt_ms(r['p50_ms'])} | {fmt_ms(r['p90_ms'])} "
+              f"| {fmt_ms(r['p99_ms'])} | {fmt_ms(r['p99.9_ms'])} "
+              f"| {fmt_ms(r['max_ms'])} | {r['messages']:,} | {lost} | {ratio} "
+              f"| {' / '.join(fmt_ms(x) for x in r['p99_runs_ms'])} | {lag} |")
+    if flagged:
+        print(f"\n\\* the publisher fell more than {max_lag:g} ms behind its "
+              "schedule: it did not keep the rate.")
+
+
+def check_targets(results: dict[int, dict[str, dict]]) -> list[str]:
+    lines = []
+    for rate, limit in TARGET_P99_MS.items():
+        p = results.get(rate, {}).get("pystream", {})
+        if "p99_ms" not in p:
+            lines.append(f"pystream p99 <= {limit:g} ms at {fmt_rate(rate)} msg/s: "
+                         "not measured")
+            continue
+        ok = p["p99_ms"] <= limit
+        lines.append(f"pystream p99 <= {limit:g} ms at {fmt_rate(rate)} msg/s: "
+                     f"{'met' if ok else 'NOT met'} ({fmt_ms(p['p99_ms'])} ms)")
+    for rate, runs in results.items():
+        if "pystream" not in runs:
+            continue
+        p = runs["pystream"].get("p99_ms")
+        for peer in PEERS:
+            if peer not in runs:
+                continue
+            q = runs[peer].get("p99_ms")
+            head = f"pystream p99 below {peer}'s at {fmt_rate(rate)} msg/s: "
+            if p is None or q is None:
+                lines.append(head + "not comparable (a run failed)")
+            else:
+                lines.append(head + f"{'met' if p < q else 'NOT met'} "
+                             f"({fmt_ms(p)} vs {fmt_ms(q)} ms)")
+    return lines
+
+
+def plot(results: dict[int, dict[str, dict]], out_dir: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    styles = ["-", "--", ":", "-."]
+    rates = sorted(results)
+    ms_ticks = FixedLocator([b * 10.0 ** e for e in range(-2, 6) for b in (1, 2, 5)])
+    ms_labels = FuncFormatter(lambda v, _: f"{v:g}")
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    top = 1.0
+    for i, rate in enumerate(rates):
+        for name, r in results[rate].items():
+            if "curve" not in r:
+                continue
+            x = 10.0 ** np.array(r["curve"]["x"])
+            top = max(top, x[-1])
+            ax.plot(x, r["curve"]["ms"], styles[i % len(styles)],
+                    color=COLORS[name], lw=1.8,
+                    label=f"{LABELS[name]}, {fmt_rate(rate)} msg/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = [(2, "50%"), (10, "90%"), (100, "99%"), (1e3, "99.9%"),
+             (1e4, "99.99%"), (1e5, "99.999%"), (1e6, "99.9999%")]
+    ticks = [t for t in ticks if t[0] <= top * 1.01]
+    ax.set_xticks([t for t, _ in ticks], [s for _, s in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(1, top)
+    ax.yaxis.set_major_locator(ms_ticks)
+    ax.yaxis.set_major_formatter(ms_labels)
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("percentile (the last point of a line is its maximum)")
+    ax.set_ylabel("latency, publish to application (ms)")
+    ax.set_title("Publish-to-application latency by percentile")
+    ax.grid(True, alpha=0.4)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    curves = out_dir / "latency-percentiles.png"
+    fig.savefig(curves, dpi=120)
+    plt.close(fig)
+
+    # x range: the bins that hold any message, a bin to spare either side
+    used = [np.nonzero(r["hist"])[0] for runs in results.values()
+            for r in runs.values() if "hist" in r]
+    lo = max(0, min(u[0] for u in used) - 1) if used else 0
+    hi = min(len(HIST_EDGES_MS) - 1, max(u[-1] for u in used) + 2) if used else -1
+    fig, axes = plt.subplots(len(rates), 1, figsize=(10, 3.2 * len(rates)),
+                             sharex=True, squeeze=False)
+    for ax, rate in zip(axes[:, 0], rates):
+        for name, r in results[rate].items():
+            if "hist" not in r:
+                continue
+            share = np.array(r["hist"]) / r["messages"]
+            ax.stairs(np.where(share > 0, share, np.nan), HIST_EDGES_MS,
+                      color=COLORS[name], lw=1.6,
+                      label=f"{LABELS[name]}\np99 {fmt_ms(r['p99_ms'])} ms")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(HIST_EDGES_MS[lo], HIST_EDGES_MS[hi])
+        ax.xaxis.set_major_locator(ms_ticks)
+        ax.xaxis.set_major_formatter(ms_labels)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_ylabel("share of messages")
+        ax.set_title(f"{fmt_rate(rate)} msg/s", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    axes[-1, 0].set_xlabel("latency, publish to application (ms); "
+                           "bins of 1/20 decade")
+    fig.tight_layout()
+    hist = out_dir / "latency-histogram.png"
+    fig.savefig(hist, dpi=120)
+    plt.close(fig)
+    return [curves, hist]
+
+
+def parse_rates(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--uri", default=os.environ.get("PYSTREAM_TEST_URI", DEFAULT_URI))
+    ap.add_argument("--rates", default="1000,10000,100000",
+                    help="comma-separated publishing rates in msg/s")
+    ap.add_argument("--only", default=",".join(CLIENTS),
+                    help=f"comma-separated consumers among {', '.join(CLIENTS)}")
+    ap.add_argument("--seconds", type=float, default=20,
+                    help="how long the publisher sends at each rate")
+    ap.add_argument("--warmup", type=float, default=2,
+                    help="leave out messages sent in the first S seconds")
+    ap.add_argument("--size", type=int, default=100, help="body bytes (>= 16)")
+    ap.add_argument("--tick-ms", type=float, default=1.0,
+                    help="the publisher's pacing step")
+    ap.add_argument("--max-lag-ms", type=float, default=50,
+                    help="flag a run whose publisher fell further behind")
+    ap.add_argument("--stall", type=float, default=20,
+                    help="end a consumer that received nothing new for S seconds")
+    ap.add_argument("--timeout", type=float, default=120,
+                    help="seconds a consumer may take to catch up after the "
+                         "publisher's end")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per rate and client; the run with the median p99 "
+                         "is reported (default 3)")
+    ap.add_argument("--json", help="write machine-readable results here")
+    ap.add_argument("--plot-dir", default=str(HERE / "results"),
+                    help="where the PNGs go ('' for none)")
+    # internal: one publisher or consumer in a child process
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--stream", help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--ready-file", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        child_main(args)
+        return
+
+    clients = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = set(clients) - set(CLIENTS)
+    if unknown:
+        ap.error(f"unknown consumers: {', '.join(sorted(unknown))}")
+    if args.size < HEAD:
+        ap.error(f"--size must be at least {HEAD}")
+    if args.warmup >= args.seconds:
+        ap.error("--warmup must be shorter than --seconds")
+    rates = parse_rates(args.rates)
+
+    import pystream
+    with pystream.connect(args.uri) as client:
+        broker = client.server_properties.get("version", "?")
+    print(f"broker RabbitMQ {broker} at {args.uri.split('@')[-1]}; "
+          f"{os.cpu_count()} cores; python {platform.python_version()}; "
+          f"rates {', '.join(fmt_rate(r) for r in rates)} msg/s for "
+          f"{args.seconds:g} s (first {args.warmup:g} s left out); "
+          f"{args.size} B bodies; consumers: {', '.join(clients)}", flush=True)
+
+    runs: dict[int, dict[str, list[dict]]] = {r: {c: [] for c in clients} for r in rates}
+    for rate in rates:
+        for run in range(args.repeat):
+            for name in clients:  # taking turns, so noise hits each client alike
+                r = measure(args, name, rate)
+                runs[rate][name].append(r)
+                if "error" in r:
+                    msg = f"FAILED {r['error']}"
+                else:
+                    msg = (f"p50 {fmt_ms(r['p50_ms'])} p99 {fmt_ms(r['p99_ms'])} "
+                           f"p99.9 {fmt_ms(r['p99.9_ms'])} "
+                           f"max {fmt_ms(r['max_ms'])} ms, "
+                           f"{r['messages']:,} messages, lost {r['lost']}, "
+                           f"consumer cpu {r['cpu_share']:.0%}")
+                pub = r.get("publisher")
+                if pub:
+                    msg += (f"; publisher {fmt_rate(pub['rate'])} msg/s, lag max "
+                            f"{pub['lag_max_ms']:.1f} ms"
+                            + (" (FLAGGED)" if r["publisher_flagged"] else ""))
+                print(f"{fmt_rate(rate):>6} msg/s {name:<9} run {run + 1}: {msg}",
+                      flush=True)
+    results = {rate: {name: median_run(rs) for name, rs in by_client.items()}
+               for rate, by_client in runs.items()}
+
+    for rate in rates:
+        print_table(rate, results[rate], args.max_lag_ms)
+    targets = check_targets(results)
+    print("\nTargets:")
+    for line in targets:
+        print(f"- {line}")
+
+    if args.plot_dir:
+        for path in plot(results, Path(args.plot_dir)):
+            print(f"plot written to {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"broker_version": broker, "uri": args.uri.split("@")[-1],
+             "cores": os.cpu_count(), "seconds": args.seconds,
+             "warmup": args.warmup, "size": args.size, "tick_ms": args.tick_ms,
+             "hist_edges_ms": [float(f"{e:.6g}") for e in HIST_EDGES_MS],
+             "targets": targets,
+             "rates": {str(rate): runs for rate, runs in results.items()}},
+            indent=2) + "\n")
+        print(f"results written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
