@@ -38,6 +38,15 @@ def start_watchdog(stall_seconds: float) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def parse_choices(ap, text: str, choices, what: str) -> list[str]:
+    """A comma-separated ``--only`` list, each one of ``choices``."""
+    chosen = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = set(chosen) - set(choices)
+    if unknown:
+        ap.error(f"unknown {what}: {', '.join(sorted(unknown))}")
+    return chosen
+
+
 def fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.0f} k"
 

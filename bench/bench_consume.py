@@ -74,7 +74,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
+from _runs import (PROGRESS, fmt_rate, make_body, parse_choices,  # noqa: E402
                    run_child_process, start_watchdog, summarize)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
@@ -413,10 +413,7 @@ def main() -> None:
         child_main(args)
         return
 
-    readers = [r.strip() for r in args.only.split(",") if r.strip()]
-    unknown = set(readers) - set(READERS)
-    if unknown:
-        ap.error(f"unknown readers: {', '.join(sorted(unknown))}")
+    readers = parse_choices(ap, args.only, READERS, "readers")
     keys = [k.strip() for k in args.streams.split(",") if k.strip()]
     if set(keys) - set(STREAMS):
         ap.error("--streams takes 100b and/or 1k")

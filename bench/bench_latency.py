@@ -84,7 +84,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
+from _runs import (PROGRESS, fmt_rate, make_body, parse_choices,  # noqa: E402
                    run_child_process, start_watchdog)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
@@ -604,10 +604,7 @@ def main() -> None:
         child_main(args)
         return
 
-    clients = [c.strip() for c in args.only.split(",") if c.strip()]
-    unknown = set(clients) - set(CLIENTS)
-    if unknown:
-        ap.error(f"unknown consumers: {', '.join(sorted(unknown))}")
+    clients = parse_choices(ap, args.only, CLIENTS, "consumers")
     if args.size < HEAD:
         ap.error(f"--size must be at least {HEAD}")
     if args.warmup >= args.seconds:

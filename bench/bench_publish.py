@@ -112,7 +112,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _runs import (PROGRESS, fmt_rate, make_body,  # noqa: E402
+from _runs import (PROGRESS, fmt_rate, make_body, parse_choices,  # noqa: E402
                    run_child_process, start_watchdog, summarize)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
@@ -577,10 +577,7 @@ def main() -> None:
         child_main(args)
         return
 
-    clients = [c.strip() for c in args.only.split(",") if c.strip()]
-    unknown = set(clients) - set(CLIENTS)
-    if unknown:
-        ap.error(f"unknown publishers: {', '.join(sorted(unknown))}")
+    clients = parse_choices(ap, args.only, CLIENTS, "publishers")
     vs = variants(args, clients)
     target = args.messages
     peer_target = (min(args.peer_limit, target) if args.peer_limit > 0
