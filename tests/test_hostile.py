@@ -1,0 +1,143 @@
+"""A real pystream consumer against a peer that sends hostile bytes
+(``hostile_server.py``): each fault gets its typed error or documented
+policy, nothing hangs, memory stays bounded, and the records before the
+fault reach the application."""
+
+from __future__ import annotations
+
+import gzip
+import resource
+import struct
+import time
+
+import pytest
+
+import pystream
+from pystream import protocol as P
+
+from . import golden
+from .hostile_server import HostileServer, records_chunk
+
+GOOD = 1000  # records served before the fault, in two chunks
+
+
+def serve_good(conn, sub) -> None:
+    for first in (0, GOOD // 2):
+        conn.sendall(golden.deliver(records_chunk(first, GOOD // 2),
+                                    subscription_id=sub.subscription_id))
+
+
+def consume(uri: str, *, deadline: float = 30.0, **options):
+    """Offsets received, and the error that ended the consumer (None if it
+    went quiet instead); fails if it takes longer than ``deadline``."""
+    offsets: list[int] = []
+    started = time.monotonic()
+    error = None
+    with pystream.connect(uri) as client:
+        with client.consumer("s", offset="first", recovery_timeout=1.0,
+                             **options) as consumer:
+            try:
+                for batch in consumer.batches(timeout=10.0):
+                    offsets += batch.column("offset").to_pylist()
+            except pystream.StreamError as exc:
+                error = exc
+    assert time.monotonic() - started < deadline, "the consumer hung"
+    return offsets, error
+
+
+def after_good(extra: bytes):
+    def fault(conn, sub, n):
+        serve_good(conn, sub)
+        conn.sendall(extra)
+    return fault
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def bomb(codec_data: bytes, plain_size: int, announced: int | None = None) -> bytes:
+    """A chunk of one gzip sub-batch whose records expand to ``plain_size``."""
+    entry = (bytes([0x80 | 1 << 4])
+             + struct.pack(">HII", 1, plain_size if announced is None else announced,
+                           len(codec_data)) + codec_data)
+    return golden.chunk([entry], num_records=1, first_offset=GOOD)
+
+
+def zeros_record(size: int) -> bytes:
+    return gzip.compress(golden.simple_entry(b"\0" * size), compresslevel=1)
+
+
+@pytest.mark.parametrize("extra, error", [
+    # a chunk whose CRC is wrong
+    (golden.deliver(golden.chunk([golden.simple_entry(golden.amqp_data(b"y"))],
+                                 first_offset=GOOD, crc=1)), pystream.CorruptChunk),
+    # a gzip sub-batch of 100 MB of zeros (100 kB on the wire), honestly announced
+    (golden.deliver(bomb(zeros_record(100 << 20), (100 << 20) + 4)),
+     pystream.DecompressionLimit),
+    # the same announcing 1 kB: decompression stops at what was announced
+    (golden.deliver(bomb(zeros_record(100 << 20), (100 << 20) + 4, announced=1000)),
+     pystream.CorruptChunk),
+    # a frame other than Deliver above frame_max (1 MiB)
+    (frame(struct.pack(">HH", P.MetadataUpdate.KEY, 1) + b"\0" * (2 << 20)),
+     pystream.FrameTooLarge),
+    # an unknown command key
+    (frame(struct.pack(">HH", 0x0077, 1) + b"\0" * 8), pystream.ProtocolError),
+])
+def test_fault_after_good_chunks(extra, error):
+    with HostileServer(after_good(extra)) as server:
+        offsets, raised = consume(server.uri)
+    assert offsets == list(range(GOOD))
+    assert isinstance(raised, error), raised
+
+
+def test_size_prefix_of_4_gib_allocates_nothing():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with HostileServer(after_good(b"\xff\xff\xff\xff" + b"\0" * 64)) as server:
+        offsets, raised = consume(server.uri)
+    assert offsets == list(range(GOOD))
+    assert isinstance(raised, pystream.FrameTooLarge)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 64
+
+
+def test_deliver_for_an_unknown_subscription_is_ignored():
+    def fault(conn, sub, n):
+        serve_good(conn, sub)
+        conn.sendall(golden.deliver(records_chunk(GOOD, 10),
+                                    subscription_id=sub.subscription_id + 7))
+        conn.sendall(golden.deliver(records_chunk(GOOD, 10),
+                                    subscription_id=sub.subscription_id))
+
+    with HostileServer(fault) as server:
+        offsets, raised = consume(server.uri)
+    assert offsets == list(range(GOOD + 10)) and raised is None
+
+
+def test_frame_cut_then_closed_recovers_without_loss_or_repeat():
+    def fault(conn, sub, n):
+        if n == 1:
+            serve_good(conn, sub)
+            cut = golden.deliver(records_chunk(GOOD, 500))
+            conn.sendall(cut[:len(cut) // 2])
+            conn.shutdown(2)
+            return
+        # The consumer comes back at the record after the last one it handed
+        # over; whole frames read before the cut may not have been.
+        start = sub.offset.value
+        conn.sendall(golden.deliver(records_chunk(start, GOOD + GOOD // 2 - start),
+                                    subscription_id=sub.subscription_id))
+
+    with HostileServer(fault) as server:
+        offsets, raised = consume(server.uri)
+    assert offsets == list(range(GOOD + GOOD // 2)) and raised is None
+
+
+def test_silent_server_is_lost_after_two_heartbeats():
+    server = HostileServer(lambda conn, sub, n: (serve_good(conn, sub),
+                                                 server.close()), heartbeat=1)
+    started = time.monotonic()
+    offsets, raised = consume(server.uri)
+    assert offsets == list(range(GOOD))
+    assert isinstance(raised, pystream.ConnectionLost)
+    assert time.monotonic() - started < 10
