@@ -23,14 +23,17 @@ demo: build
 test: build brokers
 	$(PY) -m pytest tests
 	scripts/fuzz $(FUZZ_SECONDS)
+	scripts/fuzz-dispatch 30
 
 # Tests that need no broker.
 unit: build
 	$(PY) -m pytest tests -m "not broker"
 
-# Longer runs: make fuzz FUZZ_SECONDS=1800
+# Longer runs: make fuzz FUZZ_SECONDS=1800 (the C core, then the Python
+# frame dispatch with atheris)
 fuzz: deps
 	scripts/fuzz $(FUZZ_SECONDS)
+	scripts/fuzz-dispatch $(FUZZ_SECONDS)
 
 # Decode speed (no broker), then reading and publishing end to end against
 # the modern broker beside rbfly, rstream and the wire limit, latency at

@@ -47,7 +47,7 @@ setup(
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
-                 "pika", "jinja2", "pyyaml"],
+                 "pika", "jinja2", "pyyaml", "atheris"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
     },
