@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pystream
+import pystream.spark
 from pystream import ConnectionLost, Credit
 
 from .conftest import BROKER_SCRIPT, MODERN_URI, broker_ctl
@@ -121,3 +122,37 @@ def test_slow_application_keeps_memory_bounded():
         # Budget, plus one chunk (1 MiB frame_max), plus the receive-block
         # pool (16 MiB at most) and allocator slack.
         assert grown < budget + (1 << 20) + (24 << 20)
+
+
+def test_rss_stays_flat_from_1m_to_10m_records():
+    """A long read keeps no state per record: RSS after 10 M records stays
+    within a few MiB of RSS after 1 M."""
+    total = 10_000_000
+    name = "pystream-test-rss-10m"
+    with pystream.connect(MODERN_URI) as client:
+        if not (client.stream_exists(name)
+                and pystream.spark.stream_bounds(client, name).end >= total):
+            client.delete_stream(name, missing_ok=True)
+            client.create_stream(name)
+            # Sub-batches of 100 fill 10 M records in seconds (kept after).
+            with client.producer(name, compression="none") as producer:
+                for _ in range(100):
+                    producer.send_batch([b"r" * 100] * (total // 100))
+        # Peaks over a window, not samples: how much is queued at one moment
+        # varies with the broker's pace, up to the credit budget.
+        rows, early, late = 0, 0, 0
+        with client.consumer(name, offset="first") as consumer:
+            for batch in consumer.batches(timeout=10.0):
+                rows += batch.num_rows
+                del batch
+                if total // 20 <= rows <= total // 10:
+                    early = max(early, rss())
+                elif rows >= total - total // 10:
+                    late = max(late, rss())
+                if rows >= total:
+                    break
+    grown = (late - early) / 2**20
+    print(f"peak RSS {early / 2**20:.1f} MiB around 1 M records, "
+          f"{late / 2**20:.1f} MiB around 10 M: {grown:+.1f} MiB")
+    assert rows >= total
+    assert grown < 8
