@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 
 import pystream
 from pystream.spark import StreamBounds, read_range, stream_bounds
-from pystream.spark.ranges import offset_at
+from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 MANAGEMENT_PORT = 15672
@@ -60,7 +60,6 @@ PUBLISH_BATCH = 10_000        # lines per send_batch
 PUBLISH_LINGER = 0.05         # seconds a partial batch waits for more lines
 PROGRESS_INTERVAL = 0.2       # at most five progress redraws a second
 PARQUET_ROW_GROUP = 64 << 20  # Arrow bytes gathered per Parquet write
-PROBE_TIMEOUT = 1.0           # how long --from last waits for the last chunk
 
 #: ``--from``: "first", "last", "next", an offset or a time.
 Start = Union[str, int, dt.datetime]

@@ -88,3 +88,11 @@ def stream(client, stream_name):
     yield stream_name
     if client.connection.is_open:
         client.delete_stream(stream_name, missing_ok=True)
+
+
+@pytest.fixture
+def modern_stream(modern, stream_name):
+    """A new stream on the modern broker (``stream`` is on each broker)."""
+    modern.create_stream(stream_name)
+    yield stream_name
+    modern.delete_stream(stream_name, missing_ok=True)

@@ -71,14 +71,6 @@ def assert_one_line_error(status: int, out: str, err: str, *words: str) -> None:
 
 
 @pytest.fixture
-def modern_stream(modern, stream_name):
-    """A new stream on the modern broker (``stream`` is on each broker)."""
-    modern.create_stream(stream_name)
-    yield stream_name
-    modern.delete_stream(stream_name, missing_ok=True)
-
-
-@pytest.fixture
 def filled(modern, stream_name):
     """A stream of 30 000 numbered messages on the modern broker, sent in
     three batches so that it holds several chunks."""

@@ -184,13 +184,6 @@ def test_no_password_travels_with_the_plan(spark, million, monkeypatch, tmp_path
 
 
 @pytest.fixture
-def new_stream(modern, stream_name):
-    modern.create_stream(stream_name)
-    yield stream_name
-    modern.delete_stream(stream_name, missing_ok=True)
-
-
-@pytest.fixture
 def truncated(modern, stream_name):
     """A stream whose retention removed its first segments."""
     modern.create_stream(stream_name, max_length_bytes=3_000_000,
@@ -261,15 +254,15 @@ def publish_range(client, stream, lo, hi):
 
 
 @pytest.mark.broker
-def test_streaming_micro_batches_see_every_record_once(spark, modern, new_stream):
-    publish_range(modern, new_stream, 0, 1000)
+def test_streaming_micro_batches_see_every_record_once(spark, modern, modern_stream):
+    publish_range(modern, modern_stream, 0, 1000)
     table = f"t_{os.getpid()}"
-    query = (stream_source(spark, new_stream, consumerName="spark-test")
+    query = (stream_source(spark, modern_stream, consumerName="spark-test")
              .writeStream.format("memory").queryName(table).start())
     try:
         query.processAllAvailable()
         for lo in (1000, 3000):
-            publish_range(modern, new_stream, lo, lo + 2000)
+            publish_range(modern, modern_stream, lo, lo + 2000)
             query.processAllAvailable()
         batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
         assert len(batches) >= 3
@@ -282,15 +275,15 @@ def test_streaming_micro_batches_see_every_record_once(spark, modern, new_stream
     assert sorted(int(b) for b in offsets.column("body").to_pylist()) == list(range(5000))
     # Spark commits a batch to the source when it plans the next one, so the
     # stored offset lags; it is always the last record of some batch.
-    assert modern.query_offset(new_stream, "spark-test") in set(seen)
+    assert modern.query_offset(modern_stream, "spark-test") in set(seen)
 
 
 @pytest.mark.broker
-def test_available_now_respects_max_offsets_per_trigger(spark, modern, new_stream):
+def test_available_now_respects_max_offsets_per_trigger(spark, modern, modern_stream):
     for lo in range(0, 3000, 500):
-        publish_range(modern, new_stream, lo, lo + 500)
+        publish_range(modern, modern_stream, lo, lo + 500)
     table = f"a_{os.getpid()}"
-    query = (stream_source(spark, new_stream, maxOffsetsPerTrigger="1000")
+    query = (stream_source(spark, modern_stream, maxOffsetsPerTrigger="1000")
              .writeStream.format("memory").queryName(table)
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
@@ -300,14 +293,14 @@ def test_available_now_respects_max_offsets_per_trigger(spark, modern, new_strea
 
 
 @pytest.mark.broker
-def test_latest_start_skips_what_is_there(spark, modern, new_stream):
-    publish_range(modern, new_stream, 0, 100)
+def test_latest_start_skips_what_is_there(spark, modern, modern_stream):
+    publish_range(modern, modern_stream, 0, 100)
     table = f"l_{os.getpid()}"
-    query = (stream_source(spark, new_stream, startingOffsets="latest")
+    query = (stream_source(spark, modern_stream, startingOffsets="latest")
              .writeStream.format("memory").queryName(table).start())
     try:
         query.processAllAvailable()
-        publish_range(modern, new_stream, 100, 150)
+        publish_range(modern, modern_stream, 100, 150)
         query.processAllAvailable()
         offsets = spark.sql(f"select offset from {table}").toArrow().column(0)
     finally:
@@ -338,13 +331,13 @@ QUERY = textwrap.dedent("""
 
 @pytest.mark.broker
 def test_killed_query_restarts_from_its_checkpoint_exactly_once(
-        spark, modern, new_stream, tmp_path):
+        spark, modern, modern_stream, tmp_path):
     for lo in range(0, 100_000, 10_000):
-        publish_range(modern, new_stream, lo, lo + 10_000)
+        publish_range(modern, modern_stream, lo, lo + 10_000)
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     script = tmp_path / "query.py"
     script.write_text(QUERY)
-    args = [sys.executable, str(script), URI, new_stream, str(sink), str(checkpoint)]
+    args = [sys.executable, str(script), URI, modern_stream, str(sink), str(checkpoint)]
     log = (tmp_path / "query.log").open("w")
     child = subprocess.Popen([*args, "trigger"], stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
@@ -357,7 +350,7 @@ def test_killed_query_restarts_from_its_checkpoint_exactly_once(
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the JVM too, mid-way if it can
         child.wait()
-    publish_range(modern, new_stream, 100_000, 110_000)
+    publish_range(modern, modern_stream, 100_000, 110_000)
     subprocess.run([*args, "now"], check=True, timeout=300, stdout=log,
                    stderr=subprocess.STDOUT)
     got = spark.read.parquet(str(sink)).toArrow()

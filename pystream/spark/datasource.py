@@ -49,8 +49,9 @@ from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
-from .ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, StreamBounds,
-                     client_for, read_range, resolve, split_ranges, stream_bounds)
+from .ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
+                     client_for, read_range, resolve, split_ranges,
+                     start_offset, stream_bounds)
 
 OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
 #: Spark's Kafka source writes these for earliest and latest in JSON offsets.
@@ -253,31 +254,15 @@ class _BatchReader(DataSourceReader):
         ranges = []
         for stream in config.current_streams():
             bounds = stream_bounds(client, stream)
-            lo = _start(config, config.starting, client, stream, bounds)
-            hi = min(resolve(_pick(config.ending, stream, "latest"), client, stream,
-                             bounds), bounds.end)
+            lo = start_offset(config.starting, client, stream, bounds,
+                              config.fail_on_data_loss)
+            hi = min(resolve(bound_for(config.ending, stream, "latest"), client,
+                             stream, bounds), bounds.end)
             ranges.append(OffsetRange(stream, lo, hi))
         return config.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.config.read(partition, self.output)
-
-
-def _pick(bound: Any, stream: str, default: Bound) -> Bound:
-    return bound.get(stream, default) if isinstance(bound, dict) else bound
-
-
-def _start(config: _Config, bound: Any, client, stream: str,
-           bounds: StreamBounds) -> int:
-    """A concrete start, checked against what retention kept."""
-    lo = resolve(_pick(bound, stream, "earliest"), client, stream, bounds)
-    if lo < bounds.first:
-        if config.fail_on_data_loss:
-            raise DataLoss(f"{stream!r}: the read starts at offset {lo} but "
-                           f"retention removed everything before {bounds.first} "
-                           f"(failOnDataLoss=false skips to it)")
-        lo = bounds.first
-    return lo
 
 
 def _initial(bound: Bound) -> Any:
@@ -303,7 +288,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.latest: dict[str, int] | None = None
 
     def initialOffset(self) -> dict:
-        return {s: _initial(_pick(self.config.starting, s, "earliest"))
+        return {s: _initial(bound_for(self.config.starting, s, "earliest"))
                 for s in self.config.current_streams()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -333,8 +318,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                    f"read it (failOnDataLoss=false drops it)") from None
                 continue
             # A new super stream partition is read from its beginning.
-            lo = _start(config, _from_offset(start.get(stream, "earliest")), client,
-                        stream, bounds)
+            lo = start_offset(_from_offset(start.get(stream, "earliest")), client,
+                              stream, bounds, config.fail_on_data_loss)
             hi = bounds.end
             if self.target is not None:
                 hi = min(hi, self.target.get(stream, lo))
@@ -355,8 +340,9 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if isinstance(first, int):
                 lo = first  # read_range checks retention on the executor
             else:
-                lo = _start(config, _from_offset(first), client, stream,
-                            stream_bounds(client, stream))
+                lo = start_offset(_from_offset(first), client, stream,
+                                  stream_bounds(client, stream),
+                                  config.fail_on_data_loss)
             ranges.append(OffsetRange(stream, lo, hi))
         return config.partitions(ranges)
 

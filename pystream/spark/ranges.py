@@ -234,22 +234,33 @@ def plan_ranges(broker: Broker, streams: Iterable[str],
     ranges = []
     for stream in streams:
         bounds = stream_bounds(client, stream)
-        lo = resolve(_for(start, stream, "earliest"), client, stream, bounds)
-        hi = min(resolve(_for(end, stream, "latest"), client, stream, bounds), bounds.end)
-        if lo < bounds.first and lo < hi:
-            if fail_on_data_loss:
-                raise DataLoss(f"{stream!r}: the read starts at {lo} but the "
-                               f"stream's first record is at {bounds.first} "
-                               f"(removed by retention)")
-            lo = bounds.first
+        lo = start_offset(start, client, stream, bounds, fail_on_data_loss)
+        hi = min(resolve(bound_for(end, stream, "latest"), client, stream, bounds),
+                 bounds.end)
         if hi > lo:
             ranges.append(OffsetRange(stream, lo, hi))
     return split_ranges(ranges, min_partitions, max_records_per_partition,
                         min_records_per_partition)
 
 
-def _for(bound: Bound | dict, stream: str, default: Bound) -> Bound:
+def bound_for(bound: Bound | dict, stream: str, default: Bound) -> Bound:
+    """``bound``, or its entry for ``stream`` when it is a dict per stream."""
     return bound.get(stream, default) if isinstance(bound, dict) else bound
+
+
+def start_offset(start: Bound | dict, client: Client, stream: str,
+                 bounds: StreamBounds, fail_on_data_loss: bool) -> int:
+    """A concrete start (missing from a dict: earliest), checked against
+    what retention kept: before the first record it raises ``DataLoss`` if
+    ``fail_on_data_loss``, and otherwise moves to that record."""
+    lo = resolve(bound_for(start, stream, "earliest"), client, stream, bounds)
+    if lo < bounds.first:
+        if fail_on_data_loss:
+            raise DataLoss(f"{stream!r}: the read starts at offset {lo} but "
+                           f"retention removed everything before {bounds.first} "
+                           f"(failOnDataLoss=false skips to it)")
+        lo = bounds.first
+    return lo
 
 
 def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
