@@ -4,8 +4,9 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
+SOAK_SECONDS ?= 600
 
-.PHONY: demo test unit build deps brokers fuzz bench clean
+.PHONY: demo test unit build deps brokers fuzz soak bench clean
 
 deps:
 	scripts/install-deps
@@ -34,6 +35,12 @@ unit: build
 fuzz: deps
 	scripts/fuzz $(FUZZ_SECONDS)
 	scripts/fuzz-dispatch $(FUZZ_SECONDS)
+
+# A producer and a consumer at 5000 msg/s for SOAK_SECONDS while the modern
+# broker closes connections, pauses past the heartbeat and restarts, one
+# fault every 30 s (make test runs an 80 s one in tests/test_soak.py).
+soak: build brokers
+	$(PY) -m tests.soak --seconds $(SOAK_SECONDS) --json bench/results/soak.json
 
 # Decode speed (no broker), then reading and publishing end to end against
 # the modern broker beside rbfly, rstream and the wire limit, latency at
