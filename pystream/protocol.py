@@ -643,7 +643,7 @@ class SaslHandshakeResponse(Response):
 class SaslAuthenticate(Request):
     KEY = 0x0013
     mechanism: str
-    data: bytes | None
+    data: bytes | None = field(repr=False)  # PLAIN carries the password
     FIELDS = (CORR, ("mechanism", STRING), ("data", BYTES))
 
 

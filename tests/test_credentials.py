@@ -1,0 +1,124 @@
+"""Credentials audit: a broker user with a distinctive password, and every
+place a password could leak checked for it: ``repr``/``str`` of the public
+objects, every log record pystream writes (debug included) through
+connecting, publishing, consuming and recovering from a closed connection,
+the text and whole traceback of the errors a user sees, and what a Spark
+plan pickles for its executors."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import secrets
+import traceback
+
+import pytest
+
+import pystream
+from pystream.spark import BrokerRef, plan_ranges
+
+from .conftest import MODERN_URI, broker_ctl
+
+pytestmark = pytest.mark.broker
+
+USER = "pystream-audit"
+
+
+@pytest.fixture(scope="module")
+def password() -> str:
+    secret = f"audit-{secrets.token_hex(8)}"
+    broker_ctl("modern", "add_user", USER, secret)
+    broker_ctl("modern", "set_permissions", "-p", "/", USER, ".*", ".*", ".*")
+    yield secret
+    broker_ctl("modern", "delete_user", USER)
+
+
+@pytest.fixture
+def audit_uri(password) -> str:
+    address = pystream.parse_uri(MODERN_URI)
+    return f"rabbitmq-stream://{USER}:{password}@{address.host}:{address.port}/"
+
+
+def everything_said(error: BaseException) -> str:
+    """The error as a user could ever see it: message, repr, arguments and
+    the whole formatted chain."""
+    return "\n".join([str(error), repr(error), repr(error.args),
+                      *traceback.format_exception(error)])
+
+
+def test_no_password_in_reprs_or_logs(audit_uri, password, stream_name, caplog):
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = []
+    with pystream.connect(audit_uri, heartbeat=2) as client:
+        client.create_stream(stream_name)
+        address = pystream.parse_uri(audit_uri)
+        seen += [repr(address), str(address), address.uri(), repr(client),
+                 str(client), repr(client.connection)]
+        with client.producer(stream_name, name="audit") as producer:
+            seen.append(repr(producer))
+            producer.send_batch([b"before"] * 100).result(30)
+        with client.consumer(stream_name, offset="first", name="audit-reader",
+                             recovery_timeout=60) as consumer:
+            seen.append(repr(consumer))
+            assert consumer.read(100, timeout=30).num_rows == 100
+            # Recovery logs what it does; it must not log how it logs in.
+            broker_ctl("modern", "close_all_connections", "credentials audit")
+            with client.producer(stream_name) as producer:
+                producer.send_batch([b"after"] * 10).result(30)
+            assert consumer.read(10, timeout=60).num_rows == 10
+        client.delete_stream(stream_name)
+    logged = [r.getMessage() for r in caplog.records]
+    logged += ["".join(traceback.format_exception(*r.exc_info))
+               for r in caplog.records if r.exc_info]
+    assert any("resubscribed" in line for line in logged)
+    for text in seen + logged:
+        assert password not in text, text
+
+
+def test_no_password_in_errors(audit_uri, password):
+    wrong = f"wrong-{secrets.token_hex(8)}"
+    with pytest.raises(pystream.AuthenticationFailure) as refused:
+        pystream.connect(audit_uri.replace(password, wrong))
+    unreachable = audit_uri.replace(":5552/", ":1/").replace(":5552", ":1")
+    with pytest.raises(pystream.StreamError) as not_there:
+        pystream.connect(unreachable, connect_timeout=2)
+    with pytest.raises(pystream.StreamError) as no_vhost:
+        pystream.connect(audit_uri + "no-such-vhost")
+    with pytest.raises(ValueError) as malformed:
+        pystream.connect(audit_uri.replace(":5552", ":port"))
+    for raised, secret in ((refused, wrong), (not_there, password),
+                           (no_vhost, password), (malformed, password)):
+        said = everything_said(raised.value)
+        assert secret not in said, said
+    assert USER in str(refused.value)  # who was refused is useful, and safe
+
+
+def test_no_password_in_a_spark_plan(audit_uri, password, stream_name,
+                                     monkeypatch):
+    cloudpickle = pytest.importorskip("pyspark.cloudpickle")
+    from pystream.spark import RabbitMQStreamDataSource
+
+    address = pystream.parse_uri(audit_uri)
+    with pytest.raises(ValueError, match="holds a password") as refused:
+        BrokerRef(audit_uri)
+    assert password not in everything_said(refused.value)
+    monkeypatch.setenv("PYSTREAM_AUDIT_PASSWORD", password)
+    uri = f"rabbitmq-stream://{USER}@{address.host}:{address.port}/"
+    with pystream.connect(audit_uri) as client:
+        client.create_stream(stream_name)
+        with client.producer(stream_name) as producer:
+            producer.send_batch([b"x"] * 1000).result(30)
+        broker = BrokerRef(uri, password_env="PYSTREAM_AUDIT_PASSWORD")
+        ranges = plan_ranges(broker, [stream_name], min_records_per_partition=100,
+                             min_partitions=4)
+        source = RabbitMQStreamDataSource({
+            "uri": uri, "passwordEnv": "PYSTREAM_AUDIT_PASSWORD",
+            "stream": stream_name, "minPartitions": "2"})
+        reader = source.reader(source.schema())
+        partitions = reader.partitions()
+        shipped = (pickle.dumps((broker, ranges)) +
+                   cloudpickle.dumps((source, reader, partitions)))
+        assert password.encode() not in shipped
+        assert len(ranges) == 4 and len(partitions) >= 1
+        assert sum(b.num_rows for b in reader.read(partitions[0])) > 0
+        client.delete_stream(stream_name)
