@@ -191,10 +191,10 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
             total += e.uncompressed;
             if (e.uncompressed > o->max_subbatch)
                 return ps_fail(err, PS_E_LIMIT, at(c, e.p),
-                               "sub-batch uncompressed size exceeds the per-sub-batch limit");
+                               "sub-batch uncompressed size exceeds max_subbatch_size");
             if (total > o->max_chunk)
                 return ps_fail(err, PS_E_LIMIT, at(c, e.p),
-                               "chunk uncompressed size exceeds the per-chunk limit");
+                               "chunk uncompressed size exceeds max_chunk_size");
         }
         if (offset + e.records <= o->start_offset) {
             offset += e.records;

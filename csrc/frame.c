@@ -3,18 +3,27 @@
 #include "frame.h"
 #include "wire.h"
 
-/* Whether a frame of `size` bytes starting at p (avail bytes buffered) is
- * within the limits: 1 yes, 0 no, -1 the key is needed to tell. */
-static int size_allowed(const ps_reader *r, const uint8_t *p, size_t avail,
-                        uint32_t size)
+/* Why a frame of `size` bytes starting at p (avail bytes buffered) is
+ * refused: NULL when it is within the limits. A size between max_frame and
+ * max_deliver needs the key to tell; *need_key asks for it. */
+static const char *size_refused(const ps_reader *r, const uint8_t *p,
+                                size_t avail, uint32_t size, int *need_key)
 {
+    *need_key = 0;
     if (!r->max_frame || size <= r->max_frame)
-        return 1;
+        return NULL;
     if (size > r->max_deliver)
-        return 0;
-    if (avail < 6)
-        return -1;
-    return ps_be16(p + 4) == PS_KEY_DELIVER;
+        return r->max_deliver > r->max_frame
+                   ? "frame size prefix exceeds max_deliver_size"
+                   : "frame size prefix exceeds max_frame_size";
+    if (avail < 6) {
+        *need_key = 1;
+        return NULL;
+    }
+    return ps_be16(p + 4) == PS_KEY_DELIVER
+               ? NULL
+               : "frame size prefix exceeds max_frame_size (only Deliver "
+                 "frames may be larger)";
 }
 
 int ps_reader_next(ps_reader *r, const uint8_t **frame, uint32_t *len,
@@ -25,12 +34,12 @@ int ps_reader_next(ps_reader *r, const uint8_t **frame, uint32_t *len,
         return PS_NEED_MORE;
     const uint8_t *p = r->buf + r->rpos;
     uint32_t size = ps_be32(p);
-    int allowed = size_allowed(r, p, avail, size);
-    if (allowed < 0)
+    int need_key;
+    const char *refused = size_refused(r, p, avail, size, &need_key);
+    if (need_key)
         return PS_NEED_MORE;
-    if (!allowed)
-        return ps_fail(err, PS_E_FRAME_TOO_LARGE, r->consumed,
-                       "frame size prefix exceeds max_frame_size");
+    if (refused)
+        return ps_fail(err, PS_E_FRAME_TOO_LARGE, r->consumed, refused);
     if (size < 4)
         return ps_fail(err, PS_E_TRUNCATED_FRAME, r->consumed,
                        "frame size below 4 cannot hold key and version");
@@ -49,11 +58,11 @@ size_t ps_reader_missing(const ps_reader *r)
     if (avail < 4)
         return 4 - avail;
     uint32_t size = ps_be32(r->buf + r->rpos);
-    int allowed = size_allowed(r, r->buf + r->rpos, avail, size);
-    if (allowed < 0)
-        return 6 - avail;   /* the key decides */
-    if (!allowed)
+    int need_key;
+    if (size_refused(r, r->buf + r->rpos, avail, size, &need_key))
         return 0;           /* ps_reader_next reports it; do not grow for it */
+    if (need_key)
+        return 6 - avail;   /* the key decides */
     uint64_t want = 4 + (uint64_t)size;
     return want > avail ? (size_t)(want - avail) : 0;
 }

@@ -1,0 +1,103 @@
+"""The limits that protect a reader from its input are on by default and
+configurable, shown on the real modern broker: a gzip sub-batch that
+inflates past the default 64 MiB (a bomb the broker stores without
+looking), a Deliver frame larger than ``max_deliver_size``, and the
+negotiated ``frame_max``."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+import pystream
+from pystream import protocol as P
+from pystream._core import encode_publish
+
+from .conftest import MODERN_URI
+
+pytestmark = pytest.mark.broker
+
+MiB = 1 << 20
+
+
+class _Confirms:
+    """The least a publisher needs to be told: its confirm."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.confirmed = threading.Event()
+
+    def on_confirm(self, frame: memoryview) -> None:
+        self.confirmed.set()
+
+    def on_publish_error(self, errors: tuple) -> None:
+        raise AssertionError(errors)
+
+    def on_metadata_update(self, code: int) -> None:
+        pass
+
+    def on_connection_closed(self, error: pystream.StreamError | None) -> None:
+        pass
+
+
+@pytest.fixture
+def bomb(modern, stream_name) -> str:
+    """A stream holding one gzip sub-batch of 100 bodies of 1 MiB of zeros:
+    100 MiB inflated from about 100 kB on the wire. pystream's producer
+    never writes one (its sub-batches are bounded so any fits a frame),
+    so it is encoded here without that bound; the broker stores it as is."""
+    modern.create_stream(stream_name)
+    connection = modern.connection
+    confirms = _Confirms(stream_name)
+    publisher = connection.add_publisher(confirms)
+    connection.request(lambda c: P.DeclarePublisher(c, publisher, "", stream_name),
+                       "declare a publisher")
+    frames, _ = encode_publish(publisher, 1, pa.array([bytes(MiB)] * 100),
+                               compression="gzip", sub_batch_size=100,
+                               max_frame_size=0)
+    assert len(frames) < connection.frame_max
+    connection.send_bytes(frames)
+    assert confirms.confirmed.wait(30)
+    connection.request(lambda c: P.DeletePublisher(c, publisher), "delete publisher")
+    connection.remove_publisher(publisher)
+    yield stream_name
+    modern.delete_stream(stream_name)
+
+
+def test_decompression_limit_is_on_by_default(modern, bomb):
+    with modern.consumer(bomb, offset="first") as consumer:
+        with pytest.raises(pystream.DecompressionLimit, match="exceeds max_subbatch_size"):
+            consumer.read(100, timeout=30)
+
+
+def test_decompression_limit_is_configurable(modern, bomb):
+    with modern.consumer(bomb, offset="first", max_subbatch_size=128 * MiB,
+                         columns=None) as consumer:
+        table = consumer.read(100, timeout=30)
+    assert table.num_rows == 100
+    assert set(table.column("body").to_pylist()[:1]) == {bytes(MiB)}
+
+
+def test_deliver_size_limit_is_configurable(modern, stream_name):
+    modern.create_stream(stream_name)
+    with modern.producer(stream_name) as producer:
+        producer.send_batch([b"x" * 1000] * 1000).result(30)  # one 1 MB chunk
+    # Deliver frames up to frame_max always pass; above it, up to
+    # max_deliver_size (the broker sends a chunk whole, past frame_max).
+    with pystream.connect(MODERN_URI, frame_max=64 << 10,
+                          max_deliver_size=128 << 10) as small:
+        with small.consumer(stream_name, offset="first") as consumer:
+            with pytest.raises(pystream.FrameTooLarge, match="max_deliver_size") as raised:
+                consumer.read(1000, timeout=30)
+    with modern.consumer(stream_name, offset="first") as consumer:
+        assert consumer.read(1000, timeout=30).num_rows == 1000
+    modern.delete_stream(stream_name)
+
+
+def test_frame_max_is_negotiated_down_and_on_by_default():
+    with pystream.connect(MODERN_URI) as client:
+        assert client.connection.frame_max == MiB
+    with pystream.connect(MODERN_URI, frame_max=64 << 10) as client:
+        assert client.connection.frame_max == 64 << 10
