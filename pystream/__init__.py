@@ -9,7 +9,8 @@ from .consumer import Consumer, Filter, Message
 from .credit import Credit
 from .producer import Producer, SuperStreamProducer
 from .errors import (AccessRefused, AuthenticationFailure,
-                     AuthenticationFailureLoopback, ConnectionClosed,
+                     AuthenticationFailureLoopback,
+                     CertificateVerificationError, ConnectionClosed,
                      ConnectionLost, CorruptChunk, DataLoss, DecompressionLimit,
                      FrameTooLarge, InternalError, MalformedMessage, NoOffset,
                      PreconditionFailed, ProtocolError, PublishError,
@@ -31,7 +32,8 @@ __all__ = [
     "Consumer", "Filter", "Message", "Credit", "Producer",
     "SuperStreamProducer", "PublishError",
     "decode", "schema", "StreamDecoder", "Chunk", "FrameReader", "crc32",
-    "StreamError", "ConnectionLost", "ConnectionClosed", "RequestTimeout",
+    "StreamError", "ConnectionLost", "CertificateVerificationError",
+    "ConnectionClosed", "RequestTimeout",
     "UnsupportedFeature", "ProtocolError", "TruncatedFrame", "FrameTooLarge",
     "CorruptChunk", "DataLoss", "DecompressionLimit", "MalformedMessage", "ResponseError",
     "StreamDoesNotExist", "SubscriptionIdAlreadyExists",

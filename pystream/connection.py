@@ -25,7 +25,8 @@ from typing import Any, Callable, Protocol
 
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
-from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
+from .errors import (CertificateVerificationError, ConnectionClosed,
+                     ConnectionLost, ProtocolError,
                      RequestTimeout, SaslMechanismNotSupported, StreamError,
                      error_for_code)
 from .features import Features
@@ -34,6 +35,10 @@ from .uri import BrokerAddress
 log = logging.getLogger("pystream")
 
 FrameHandler = Callable[[memoryview], None]
+
+# OpenSSL's verify codes for a certificate that does not name the host dialled.
+X509_V_ERR_HOSTNAME_MISMATCH = 62
+X509_V_ERR_IP_ADDRESS_MISMATCH = 64
 
 
 class SubscriptionSink(Protocol):
@@ -71,6 +76,18 @@ CLIENT_COMMAND_VERSIONS = (
     P.CommandVersion(P.Publish.KEY, 1, 2),
     P.CommandVersion(P.Deliver.KEY, 1, 2),
 )
+
+
+def _verify_failure(exc: ssl.SSLCertVerificationError) -> str:
+    """OpenSSL's reason, with what to change: a name check or a trust
+    failure each have one fix."""
+    reason = (exc.verify_message or str(exc)).rstrip(".")
+    if exc.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH,
+                           X509_V_ERR_IP_ADDRESS_MISMATCH):
+        return f"{reason} (connect with a host name the certificate lists)"
+    return (f"{reason} (pass ssl_context= an ssl.SSLContext that trusts the "
+            f"CA that signed it, e.g. ssl.create_default_context("
+            f"cafile=...))")
 
 
 def negotiate(client: int, server: int) -> int:
@@ -161,6 +178,12 @@ class Connection:
             try:
                 sock = self.ssl_context.wrap_socket(
                     sock, server_hostname=self.address.host)
+            except ssl.SSLCertVerificationError as exc:
+                sock.close()
+                raise CertificateVerificationError(
+                    f"TLS handshake with {self.address.uri()} failed: the "
+                    f"broker's certificate did not verify: "
+                    f"{_verify_failure(exc)}") from exc
             except (ssl.SSLError, OSError) as exc:
                 sock.close()
                 raise ConnectionLost(f"TLS handshake with "
@@ -190,12 +213,19 @@ class Connection:
         if self.sasl_mechanism == "PLAIN":
             data = (b"\0" + self.address.username.encode() + b"\0"
                     + self.address.password.encode())
+            context = f"authenticate user {self.address.username!r} with PLAIN"
+        elif self.sasl_mechanism == "EXTERNAL":
+            data = b""
+            # The URI's user plays no part: the broker takes the name from
+            # the TLS client certificate.
+            context = ("authenticate with EXTERNAL as the TLS client "
+                       "certificate's name (was one loaded in ssl_context?)")
         else:
             data = b""
+            context = f"authenticate with {self.sasl_mechanism}"
         self.request(
             lambda c: P.SaslAuthenticate(c, self.sasl_mechanism, data),
-            f"authenticate user {self.address.username!r} with "
-            f"{self.sasl_mechanism}", timeout=timeout)
+            context, timeout=timeout)
 
         try:
             tune = self._tune.result(timeout)
@@ -342,12 +372,17 @@ class Connection:
     def _read_loop(self) -> None:
         sock, reader = self._sock, self._reader
         assert sock is not None
+        first = self.ssl_context is None
         try:
             while True:
-                n = sock.recv_into(reader.writable())
+                view = reader.writable()
+                n = sock.recv_into(view)
                 if n == 0:
                     raise ConnectionLost(f"{self.address.uri()} closed the "
                                          "socket")
+                if first:
+                    self._check_not_tls(view[:n])
+                    first = False
                 reader.commit(n)
                 self._last_read = time.monotonic()
                 self._drain(reader)
@@ -359,6 +394,15 @@ class Connection:
         except Exception as exc:  # a handler's bug must not hang requests
             log.exception("pystream reader thread failed")
             self._fail(ProtocolError(f"frame dispatch failed: {exc!r}"))
+
+    def _check_not_tls(self, first: memoryview) -> None:
+        """A TLS listener answers plain bytes with a TLS record (type 0x15
+        alert or 0x16 handshake, version 3.x), which would read as a frame
+        of some 350 MB: say what it is."""
+        if len(first) >= 2 and first[0] in (0x15, 0x16) and first[1] == 0x03:
+            raise ProtocolError(
+                f"{self.address.uri()} answered with TLS: use a "
+                f"rabbitmq-stream+tls:// URI (or pass ssl_context=)")
 
     def _drain(self, reader: StreamDecoder) -> None:
         """Hand every complete frame in the buffer to its subscription or

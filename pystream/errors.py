@@ -31,6 +31,12 @@ class ConnectionLost(StreamError):
     broker stayed away longer than the recovery timeout."""
 
 
+class CertificateVerificationError(StreamError):
+    """The broker's TLS certificate did not verify (an untrusted CA, or a
+    host name it does not list). Reconnecting cannot cure it, so consumers
+    and producers do not retry it."""
+
+
 class ConnectionClosed(StreamError):
     """The broker closed the connection with a Close command (reason in the
     message, response code in ``code``)."""

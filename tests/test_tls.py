@@ -1,0 +1,255 @@
+"""TLS against the modern broker's stream TLS listener (5551), which
+scripts/broker opens when the CA and certificates of tests/certificates.py
+are in the node's state folder: server certificate and host-name
+verification, SASL PLAIN and EXTERNAL (client certificate), and the extra
+connections producers and consumers open, all over TLS."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import socket
+import ssl
+import subprocess
+import time
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+import pystream
+from pystream import (AuthenticationFailure, CertificateVerificationError,
+                      Endpoint, SaslMechanismNotSupported)
+
+from .certificates import CLIENT_CN, ensure_certificates
+from .conftest import BROKER_SCRIPT, broker_ctl
+
+pytestmark = pytest.mark.broker
+
+CACHE = pathlib.Path(os.environ.get("PYSTREAM_BROKER_CACHE")
+                     or pathlib.Path.home() / ".cache" / "pystream" / "brokers")
+TLS_PORT = 5551
+TLS_URI = f"rabbitmq-stream+tls://guest:guest@localhost:{TLS_PORT}/"
+EXTERNAL_URI = f"rabbitmq-stream+tls://localhost:{TLS_PORT}/"
+
+
+def serves_tls(folder: pathlib.Path, wait: float = 0) -> bool:
+    """Whether the TLS port completes a handshake verified by our CA (within
+    ``wait`` seconds)."""
+    context = ssl.create_default_context(cafile=folder / "ca.pem")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with socket.create_connection(("localhost", TLS_PORT), timeout=5) as sock:
+                with context.wrap_socket(sock, server_hostname="localhost"):
+                    return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+
+def broker(command: str) -> None:
+    result = subprocess.run([str(BROKER_SCRIPT), command, "modern"],
+                            capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        pytest.fail(f"scripts/broker {command} modern failed:\n"
+                    f"{result.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def tls_dir() -> pathlib.Path:
+    """The certificates, served by the modern broker. The node reads them at
+    start only: a node started before they existed (or with older ones) is
+    restarted, once, since the cache folder outlives test runs."""
+    folder = ensure_certificates(CACHE / "modern" / "tls")
+    if serves_tls(folder):
+        return folder
+    # `up` first: a node that is down or restarting (another run's doing)
+    # comes up with the certificates, and is not restarted once more.
+    broker("up")
+    if not serves_tls(folder, wait=5):
+        broker("restart")
+        if not serves_tls(folder, wait=30):
+            pytest.fail(f"the modern broker does not serve TLS on {TLS_PORT} "
+                        f"with the CA in {folder}")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def cert_user(tls_dir) -> Iterator[str]:
+    """The broker user the client certificate names (its CN). Its password
+    is random: EXTERNAL never sends one."""
+    try:
+        broker_ctl("modern", "add_user", CLIENT_CN, secrets.token_urlsafe(24))
+    except subprocess.CalledProcessError as exc:
+        if "already exists" not in exc.stderr:
+            raise
+    broker_ctl("modern", "set_permissions", "-p", "/", CLIENT_CN,
+               ".*", ".*", ".*")
+    yield CLIENT_CN
+    broker_ctl("modern", "delete_user", CLIENT_CN)
+
+
+def ca_context(folder: pathlib.Path, ca: str = "ca.pem") -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=folder / ca)
+
+
+def client_cert_context(folder: pathlib.Path) -> ssl.SSLContext:
+    context = ca_context(folder)
+    context.load_cert_chain(folder / "client.pem", folder / "client.key")
+    return context
+
+
+def broker_connections(name: str) -> list[dict[str, Any]]:
+    """The modern broker's view of the stream connections named ``name``."""
+    out = broker_ctl("modern", "list_stream_connections", "--formatter",
+                     "json", "client_properties", "user", "ssl", "port")
+    return [c for c in json.loads(out[out.index("["):])
+            if ["connection_name", "longstr", name] in c["client_properties"]]
+
+
+def round_trip(client: pystream.Client, stream: str, n: int = 100) -> None:
+    """Publish ``n`` messages and read them back."""
+    bodies = [b"tls %d" % i for i in range(n)]
+    with client.producer(stream) as producer:
+        assert producer.send_batch(bodies).result(30) == n
+    with client.consumer(stream, offset="first") as consumer:
+        assert consumer.read(n, timeout=15).column("body").to_pylist() == bodies
+
+
+def test_round_trip_over_tls(tls_dir, stream_name):
+    """PLAIN over TLS with the test CA: publish and consume back; every
+    connection (the client's and those its producer and consumer open to the
+    node metadata names) is TLS on 5551."""
+    name = f"pystream-tls-{uuid.uuid4().hex[:8]}"
+    with pystream.connect(TLS_URI, ssl_context=ca_context(tls_dir),
+                          connection_name=name) as client:
+        sock = client.connection._sock
+        assert isinstance(sock, ssl.SSLSocket)
+        assert sock.version() in ("TLSv1.2", "TLSv1.3")
+        client.create_stream(stream_name)
+        try:
+            assert client.locate(stream_name) == Endpoint("localhost", TLS_PORT)
+            bodies = [b"tls %d" % i for i in range(100)]
+            with client.producer(stream_name) as producer, \
+                    client.consumer(stream_name, offset="first") as consumer:
+                assert producer.send_batch(bodies).result(30) == 100
+                read = consumer.read(100, timeout=15)
+                seen = broker_connections(name)
+            assert read.column("body").to_pylist() == bodies
+            assert len(seen) >= 2  # the client's, and the pool's to the leader
+            assert all(c["ssl"] and c["port"] == TLS_PORT and c["user"] == "guest"
+                       for c in seen), seen
+        finally:
+            client.delete_stream(stream_name)
+
+
+def test_system_cas_reject_the_test_ca(tls_dir):
+    """No ssl_context: the system's CAs, which do not know the test CA."""
+    with pytest.raises(CertificateVerificationError) as raised:
+        pystream.connect(TLS_URI)
+    message = str(raised.value)
+    assert message.startswith(f"TLS handshake with rabbitmq-stream+tls://"
+                              f"guest@localhost:{TLS_PORT}/ failed: the "
+                              f"broker's certificate did not verify: ")
+    assert "self-signed certificate in certificate chain" in message
+    assert "ssl_context=" in message
+    assert isinstance(raised.value.__cause__, ssl.SSLCertVerificationError)
+
+
+def test_wrong_ca_is_rejected(tls_dir):
+    with pytest.raises(CertificateVerificationError,
+                       match="certificate did not verify: self-signed"):
+        pystream.connect(TLS_URI, ssl_context=ca_context(tls_dir, "wrong-ca.pem"))
+
+
+def test_host_name_mismatch_is_rejected(tls_dir):
+    """The server certificate names localhost only, not 127.0.0.1."""
+    with pytest.raises(CertificateVerificationError) as raised:
+        pystream.connect(TLS_URI.replace("localhost", "127.0.0.1"),
+                         ssl_context=ca_context(tls_dir))
+    assert str(raised.value) == (
+        f"TLS handshake with rabbitmq-stream+tls://guest@127.0.0.1:{TLS_PORT}/ "
+        f"failed: the broker's certificate did not verify: IP address "
+        f"mismatch, certificate is not valid for '127.0.0.1' (connect with a "
+        f"host name the certificate lists)")
+
+
+def test_plain_uri_to_the_tls_port_says_so(tls_dir):
+    with pytest.raises(pystream.ProtocolError, match="answered with TLS: use a "
+                       "rabbitmq-stream\\+tls:// URI"):
+        pystream.connect(TLS_URI.replace("+tls", ""), connect_timeout=5)
+
+
+def test_certificate_failure_is_not_retried(tls_dir, stream_name):
+    """A node metadata names but the certificate does not (here dialled as
+    127.0.0.1): the consumer fails at once instead of retrying for its
+    recovery timeout."""
+    context = ca_context(tls_dir)
+    with pystream.connect(TLS_URI, ssl_context=context,
+                          address_resolver=lambda e: Endpoint("127.0.0.1", e.port)
+                          ) as client:
+        client.create_stream(stream_name)
+        try:
+            started = time.monotonic()
+            with pytest.raises(CertificateVerificationError):
+                client.consumer(stream_name, recovery_timeout=120)
+            with pytest.raises(CertificateVerificationError):
+                client.producer(stream_name, recovery_timeout=120)
+            assert time.monotonic() - started < 10
+        finally:
+            client.delete_stream(stream_name)
+
+
+def test_external_authenticates_as_certificate_cn(tls_dir, cert_user,
+                                                  stream_name):
+    """No password anywhere: the broker logs the connection in as the
+    client certificate's CN, which may then publish and consume."""
+    name = f"pystream-external-{uuid.uuid4().hex[:8]}"
+    with pystream.connect(EXTERNAL_URI, ssl_context=client_cert_context(tls_dir),
+                          sasl_mechanism="EXTERNAL",
+                          connection_name=name) as client:
+        seen = broker_connections(name)
+        assert [(c["user"], c["ssl"]) for c in seen] == [(cert_user, True)]
+        client.create_stream(stream_name)
+        try:
+            round_trip(client, stream_name)
+        finally:
+            client.delete_stream(stream_name)
+
+
+def test_external_without_client_certificate_fails(tls_dir):
+    with pytest.raises(AuthenticationFailure) as raised:
+        pystream.connect(EXTERNAL_URI, ssl_context=ca_context(tls_dir),
+                         sasl_mechanism="EXTERNAL")
+    assert str(raised.value) == (
+        "authenticate with EXTERNAL as the TLS client certificate's name (was "
+        "one loaded in ssl_context?): AuthenticationFailure (response code "
+        "0x08)")
+
+
+def test_external_is_not_offered_without_tls(tls_dir):
+    with pytest.raises(SaslMechanismNotSupported, match="EXTERNAL is not offered"):
+        pystream.connect("rabbitmq-stream://localhost:5552/",
+                         sasl_mechanism="EXTERNAL")
+
+
+def test_plain_with_a_client_certificate_uses_the_uri_user(tls_dir):
+    """A client certificate alone does not change who PLAIN logs in as."""
+    name = f"pystream-plain-cert-{uuid.uuid4().hex[:8]}"
+    with pystream.connect(TLS_URI, ssl_context=client_cert_context(tls_dir),
+                          connection_name=name):
+        assert [c["user"] for c in broker_connections(name)] == ["guest"]
+
+
+def test_wrong_password_over_tls(tls_dir):
+    password = f"not-the-password-{secrets.token_hex(4)}"
+    with pytest.raises(AuthenticationFailure) as raised:
+        pystream.connect(TLS_URI.replace("guest@", f"{password}@"),
+                         ssl_context=ca_context(tls_dir))
+    assert str(raised.value) == ("authenticate user 'guest' with PLAIN: "
+                                 "AuthenticationFailure (response code 0x08)")
+    assert password not in repr(raised.value)
