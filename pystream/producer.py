@@ -27,8 +27,7 @@ from . import protocol as P
 from ._core import encode_publish, murmur3_32, schema
 from .consumer import take_rows
 from .errors import (RECOVERABLE, ConnectionClosed, ConnectionLost,
-                     PublishError, RequestTimeout, StreamDoesNotExist,
-                     StreamError)
+                     PublishError, RequestTimeout, StreamError)
 
 if TYPE_CHECKING:
     from .client import Client
@@ -403,9 +402,6 @@ class Producer:
                 log.info("producer on %r reconnected; %d batches sent again",
                          self.stream, len(frames))
                 return
-            except StreamDoesNotExist as exc:
-                self._fail(exc)
-                return
             except RECOVERABLE as exc:
                 if time.monotonic() - started > self.recovery_timeout:
                     self._fail(ConnectionLost(
@@ -415,6 +411,9 @@ class Producer:
                 self._disconnect(delete=False)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            except Exception as exc:  # e.g. the stream deleted, a password changed
+                self._fail(exc)
+                return
 
     def _connect(self) -> None:
         endpoint = self.client.locate(self.stream, replica=False)

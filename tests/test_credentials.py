@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import pickle
 import secrets
+import time
 import traceback
 
 import pytest
@@ -121,4 +122,31 @@ def test_no_password_in_a_spark_plan(audit_uri, password, stream_name,
         assert password.encode() not in shipped
         assert len(ranges) == 4 and len(partitions) >= 1
         assert sum(b.num_rows for b in reader.read(partitions[0])) > 0
+        client.delete_stream(stream_name)
+
+
+def test_password_changed_while_away_fails_instead_of_retrying(
+        audit_uri, password, stream_name):
+    """Recovery retries what reconnecting may cure; a refused login is not
+    that: the producer's and consumer's next calls raise it."""
+    with pystream.connect(audit_uri) as client:
+        client.create_stream(stream_name)
+        producer = client.producer(stream_name, recovery_timeout=120)
+        consumer = client.consumer(stream_name, offset="first", recovery_timeout=120)
+        producer.send_batch([b"x"] * 10).result(30)
+        assert consumer.read(10, timeout=30).num_rows == 10
+        broker_ctl("modern", "change_password", USER, f"new-{password}")
+        try:
+            broker_ctl("modern", "close_all_connections", "password changed")
+            started = time.monotonic()
+            with pytest.raises(pystream.AuthenticationFailure) as refused:
+                producer.send_batch([b"y"] * 10).result(60)
+            with pytest.raises(pystream.AuthenticationFailure):
+                consumer.read(10, timeout=60)
+            assert time.monotonic() - started < 30
+            assert password not in everything_said(refused.value)
+        finally:
+            broker_ctl("modern", "change_password", USER, password)
+        producer.close()
+        consumer.close()
         client.delete_stream(stream_name)
