@@ -10,10 +10,12 @@ import resource
 import struct
 import time
 
+import pyarrow as pa
 import pytest
 
 import pystream
 from pystream import protocol as P
+from pystream._core import encode_publish
 
 from . import golden
 from .hostile_server import HostileServer, records_chunk
@@ -68,6 +70,17 @@ def zeros_record(size: int) -> bytes:
     return gzip.compress(golden.simple_entry(b"\0" * size), compresslevel=1)
 
 
+def zstd_bomb(records: int, size: int) -> bytes:
+    """A chunk of one zstd sub-batch of ``records`` zero bodies of ``size``
+    bytes, as pystream's own encoder compresses it (unbounded by frame_max);
+    the entry follows the Publish frame's header and publishing id."""
+    frames, _ = encode_publish(0, 1, pa.array([bytes(size)] * records),
+                               compression="zstd", sub_batch_size=records,
+                               max_frame_size=0)
+    entry = bytes(frames)[4 + 2 + 2 + 1 + 4 + 8:]
+    return golden.chunk([entry], num_records=records, first_offset=GOOD)
+
+
 @pytest.mark.parametrize("extra, error", [
     # a chunk whose CRC is wrong
     (golden.deliver(golden.chunk([golden.simple_entry(golden.amqp_data(b"y"))],
@@ -75,7 +88,9 @@ def zeros_record(size: int) -> bytes:
     # a gzip sub-batch of 100 MB of zeros (100 kB on the wire), honestly announced
     (golden.deliver(bomb(zeros_record(100 << 20), (100 << 20) + 4)),
      pystream.DecompressionLimit),
-    # the same announcing 1 kB: decompression stops at what was announced
+    # a zstd sub-batch of 100 MiB of zeros (about 4 kB on the wire)
+    (golden.deliver(zstd_bomb(100, 1 << 20)), pystream.DecompressionLimit),
+    # the gzip bomb announcing 1 kB: decompression stops at what was announced
     (golden.deliver(bomb(zeros_record(100 << 20), (100 << 20) + 4, announced=1000)),
      pystream.CorruptChunk),
     # a frame other than Deliver above frame_max (1 MiB)
