@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .connection import Connection
-from .errors import (StreamAlreadyExists, StreamDoesNotExist, StreamError,
-                     StreamNotAvailable, error_for_code)
+from .errors import (RECOVERABLE, StreamAlreadyExists, StreamDoesNotExist,
+                     StreamError, StreamNotAvailable, error_for_code)
 from .pool import AddressResolver, ConnectionPool, Endpoint
 from .uri import BrokerAddress, parse_uri
 
@@ -65,6 +65,9 @@ class Client:
         self._connection.open()
         self.pool = ConnectionPool(address, options, address_resolver,
                                    max_subscriptions_per_connection)
+        # The cluster's nodes as metadata last named them: where the admin
+        # connection goes when the URI's node is down.
+        self._nodes: tuple[Endpoint, ...] = ()
 
     @property
     def closed(self) -> bool:
@@ -73,13 +76,28 @@ class Client:
     @property
     def connection(self) -> Connection:
         """The connection admin requests go over; reopened on first use after
-        it was lost (a broker restart), so the client outlives failures."""
+        it was lost (a broker restart; in a cluster, to another node while
+        the URI's is down), so the client outlives failures."""
         with self._lock:
             if not self._connection.is_open and not self._closed:
-                conn = Connection(self.address, **self._options)
-                conn.open()
-                self._connection = conn
+                self._connection = self._reopen()
             return self._connection
+
+    def _reopen(self) -> Connection:
+        """A new admin connection: to the URI's node, or, while it is
+        down, to another node of its cluster."""
+        addresses = [self.address, *map(self.pool.address_of, self._nodes)]
+        error: BaseException | None = None
+        for address in dict.fromkeys(addresses):
+            conn = Connection(address, **self._options)
+            try:
+                conn.open()
+            except RECOVERABLE as exc:
+                error = exc
+                continue
+            return conn
+        assert error is not None
+        raise error
 
     def __enter__(self) -> Client:
         return self
@@ -183,6 +201,8 @@ class Client:
         answer = self._request(lambda c: P.Metadata(c, streams),
                                f"metadata of {', '.join(streams)}")
         brokers = {b.reference: Endpoint(b.host, b.port) for b in answer.brokers}
+        if brokers:
+            self._nodes = tuple(brokers.values())
         out = {}
         for m in answer.streams:
             error = (None if m.code == P.RESPONSE_OK

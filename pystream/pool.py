@@ -79,9 +79,13 @@ class ConnectionPool:
         for conn in conns:
             conn.close()
 
-    def _open(self, endpoint: Endpoint) -> Connection:
+    def address_of(self, endpoint: Endpoint) -> BrokerAddress:
+        """The address to dial for an advertised endpoint."""
         target = self.resolver(endpoint) if self.resolver else endpoint
-        address = replace(self.address, host=target.host, port=target.port)
+        return replace(self.address, host=target.host, port=target.port)
+
+    def _open(self, endpoint: Endpoint) -> Connection:
+        address = self.address_of(endpoint)
         attempts = 1
         while True:
             conn = Connection(address, **self.options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
@@ -267,3 +268,65 @@ def test_silent_broker_is_detected(broker):
     assert not conn.is_open
     assert not c.stream_exists("x")  # the broker is back: the client reconnects
     c.close()
+
+
+class Relay:
+    """A TCP relay on loopback to a broker, closed at will: the node a
+    client's URI names goes away while the broker behind it stays."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("localhost", self.target))
+            self.sockets += [downstream, upstream]
+            for src, dst in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pump, args=(src, dst),
+                                 daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        dst.close()
+
+    def close(self) -> None:
+        # shutdown, not just close, wakes the threads blocked on the sockets.
+        for sock in [self.listener, *self.sockets]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+
+def test_admin_connection_moves_to_another_node_when_its_own_goes(
+        modern, modern_stream):
+    """The URI's node (here a relay to the modern broker) goes away: the
+    client's requests go to a node its stream metadata named instead."""
+    relay = Relay(parse_uri(MODERN_URI).port)
+    c = pystream.connect(f"rabbitmq-stream://guest:guest@127.0.0.1:{relay.port}/")
+    try:
+        leader = c.metadata(modern_stream)[modern_stream].leader
+        lost = threading.Event()
+        c.connection.on_close(lambda error: lost.set())
+        relay.close()
+        assert lost.wait(10)
+        assert c.stream_exists(modern_stream)
+        assert leader is not None
+        assert (c.connection.address.host, c.connection.address.port) == (
+            leader.host, leader.port)
+    finally:
+        c.close()
