@@ -7,10 +7,15 @@ properties) how long each took to recover.
 
 The client connects to cluster1 and the stream's leader is put there
 (``client-local``), so the node that goes is also the one of the client's
-own admin connection."""
+own admin connection. The node goes twice over: stopped (``scripts/broker
+down``: it leaves the cluster in order) and killed (SIGKILL to its whole
+process group: a crash)."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import signal
 import subprocess
 import threading
 import time
@@ -36,6 +41,13 @@ RATE = 3_000          # messages per second
 BATCH = 100           # messages per send_batch
 BEFORE_FAULT = 4.0    # seconds of traffic before the leader's node stops
 AFTER_FAULT = 10.0    # ... and after it stopped
+
+
+def node_pid(node: str) -> int:
+    """The pid scripts/broker noted for a node (its process group leader)."""
+    cache = pathlib.Path(os.environ.get("PYSTREAM_BROKER_CACHE",
+                                        pathlib.Path.home() / ".cache/pystream/brokers"))
+    return int((cache / node / "node.pid").read_text().split()[0])
 
 
 def broker(*args: str) -> None:
@@ -134,7 +146,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"{what}: not after {timeout} s")
 
 
-def test_leader_loss(cluster: None,
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_leader_loss(cluster: None, how: str,
                      record_property: Callable[[str, object], None]) -> None:
     started = time.monotonic()
     stream = f"test-cluster-{uuid.uuid4().hex[:8]}"
@@ -163,8 +176,12 @@ def test_leader_loss(cluster: None,
 
             fault = time.monotonic()
             stopped = leader
-            stopping = subprocess.Popen([str(BROKER_SCRIPT), "down", leader],
-                                        stdout=subprocess.DEVNULL)
+            stopping: subprocess.Popen | None = None
+            if how == "kill":
+                os.killpg(node_pid(leader), signal.SIGKILL)
+            else:
+                stopping = subprocess.Popen([str(BROKER_SCRIPT), "down", leader],
+                                            stdout=subprocess.DEVNULL)
 
             def new_leader() -> tuple[str, float] | None:
                 try:
@@ -177,7 +194,7 @@ def test_leader_loss(cluster: None,
                 return (name, time.monotonic()) if name not in (None, leader) else None
 
             elected, elected_at = wait_for(new_leader, 60, "a new leader")
-            assert stopping.wait(120) == 0
+            assert stopping is None or stopping.wait(120) == 0
             node_gone = time.monotonic()
             time.sleep(max(0.0, fault + AFTER_FAULT - time.monotonic()))
 
@@ -225,7 +242,7 @@ def test_leader_loss(cluster: None,
     consumer_recovery = float(arrived[seqs >= first_after].min()) - outage
     reads = np.array(reader.arrived)
     consumer_gap = float(np.diff(reads[reads >= fault - 1]).max())
-    report = (f"stop of leader {leader} issued at 0 s, node gone at "
+    report = (f"{how} of leader {leader} issued at 0 s, node gone at "
               f"{node_gone - fault:.1f} s; old leader's last confirm at "
               f"{outage - fault:.2f} s; new leader {elected} in metadata at "
               f"{elected_at - fault:.2f} s; producer: confirms again "
