@@ -22,13 +22,14 @@ from .errors import (AccessRefused, AuthenticationFailure,
                      TruncatedFrame, UnknownFrame, UnsupportedFeature,
                      VirtualHostAccessFailure)
 from .pool import AddressResolver, Endpoint
+from .tls import tls_context
 from .uri import BrokerAddress, parse_uri
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "connect", "Client", "Endpoint", "StreamInfo",
-    "BrokerAddress", "parse_uri", "AddressResolver",
+    "BrokerAddress", "parse_uri", "AddressResolver", "tls_context",
     "Consumer", "Filter", "Message", "Credit", "Producer",
     "SuperStreamProducer", "PublishError",
     "decode", "schema", "StreamDecoder", "Chunk", "FrameReader", "crc32",

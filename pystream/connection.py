@@ -78,6 +78,12 @@ CLIENT_COMMAND_VERSIONS = (
 )
 
 
+#: What fixes an untrusted certificate, in the Python API's terms (the
+#: command line says it in its own).
+TRUST_HINT = ("pass ssl_context= an ssl.SSLContext that trusts the CA that "
+              "signed it, e.g. ssl.create_default_context(cafile=...)")
+
+
 def _verify_failure(exc: ssl.SSLCertVerificationError) -> str:
     """OpenSSL's reason, with what to change: a name check or a trust
     failure each have one fix."""
@@ -85,9 +91,7 @@ def _verify_failure(exc: ssl.SSLCertVerificationError) -> str:
     if exc.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH,
                            X509_V_ERR_IP_ADDRESS_MISMATCH):
         return f"{reason} (connect with a host name the certificate lists)"
-    return (f"{reason} (pass ssl_context= an ssl.SSLContext that trusts the "
-            f"CA that signed it, e.g. ssl.create_default_context("
-            f"cafile=...))")
+    return f"{reason} ({TRUST_HINT})"
 
 
 def negotiate(client: int, server: int) -> int:

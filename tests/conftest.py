@@ -6,15 +6,23 @@ and PYSTREAM_TEST_LEGACY_URI (RabbitMQ 3.10, default port 5562).
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import secrets
+import socket
+import ssl
 import subprocess
 import sys
+import time
 import uuid
+from typing import Any, Iterator
 
 import pytest
 
 import pystream
+
+from .certificates import CLIENT_CN, ensure_certificates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BROKER_SCRIPT = ROOT / "scripts" / "broker"
@@ -29,7 +37,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 BROKER_FIXTURES = {"broker", "uri", "client", "modern", "legacy", "stream",
-                   "reader_user"}
+                   "reader_user", "tls_dir", "cert_user"}
 
 
 def pytest_collection_modifyitems(items):
@@ -96,3 +104,80 @@ def modern_stream(modern, stream_name):
     modern.create_stream(stream_name)
     yield stream_name
     modern.delete_stream(stream_name, missing_ok=True)
+
+
+# --- TLS: the modern broker's stream TLS listener -------------------------
+
+CACHE = pathlib.Path(os.environ.get("PYSTREAM_BROKER_CACHE")
+                     or pathlib.Path.home() / ".cache" / "pystream" / "brokers")
+TLS_PORT = 5551
+TLS_URI = f"rabbitmq-stream+tls://guest:guest@localhost:{TLS_PORT}/"
+EXTERNAL_URI = f"rabbitmq-stream+tls://localhost:{TLS_PORT}/"
+
+
+def serves_tls(folder: pathlib.Path, wait: float = 0) -> bool:
+    """Whether the TLS port completes a handshake verified by our CA (within
+    ``wait`` seconds)."""
+    context = ssl.create_default_context(cafile=folder / "ca.pem")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with socket.create_connection(("localhost", TLS_PORT), timeout=5) as sock:
+                with context.wrap_socket(sock, server_hostname="localhost"):
+                    return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+
+def broker_command(command: str) -> None:
+    """Run ``scripts/broker COMMAND modern``."""
+    result = subprocess.run([str(BROKER_SCRIPT), command, "modern"],
+                            capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        pytest.fail(f"scripts/broker {command} modern failed:\n"
+                    f"{result.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def tls_dir() -> pathlib.Path:
+    """The certificates of tests/certificates.py, served by the modern
+    broker on TLS_PORT. The node reads them at start only: a node started
+    before they existed (or with older ones) is restarted, once, since the
+    cache folder outlives test runs."""
+    folder = ensure_certificates(CACHE / "modern" / "tls")
+    if serves_tls(folder):
+        return folder
+    # `up` first: a node that is down or restarting (another run's doing)
+    # comes up with the certificates, and is not restarted once more.
+    broker_command("up")
+    if not serves_tls(folder, wait=5):
+        broker_command("restart")
+        if not serves_tls(folder, wait=30):
+            pytest.fail(f"the modern broker does not serve TLS on {TLS_PORT} "
+                        f"with the CA in {folder}")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def cert_user(tls_dir) -> Iterator[str]:
+    """The broker user the client certificate names (its CN). Its password
+    is random: EXTERNAL never sends one."""
+    try:
+        broker_ctl("modern", "add_user", CLIENT_CN, secrets.token_urlsafe(24))
+    except subprocess.CalledProcessError as exc:
+        if "already exists" not in exc.stderr:
+            raise
+    broker_ctl("modern", "set_permissions", "-p", "/", CLIENT_CN,
+               ".*", ".*", ".*")
+    yield CLIENT_CN
+    broker_ctl("modern", "delete_user", CLIENT_CN)
+
+
+def broker_connections(name: str) -> list[dict[str, Any]]:
+    """The modern broker's view of the stream connections named ``name``."""
+    out = broker_ctl("modern", "list_stream_connections", "--formatter",
+                     "json", "client_properties", "user", "ssl", "port")
+    return [c for c in json.loads(out[out.index("["):])
+            if ["connection_name", "longstr", name] in c["client_properties"]]

@@ -3,11 +3,19 @@ needed)."""
 
 from __future__ import annotations
 
+import pickle
+import ssl
+import uuid
+
 import pytest
 
-from pystream import RequestTimeout
-from pystream.spark import OffsetRange, plan_ranges, read_range, split_ranges
+import pystream
+from pystream import CertificateVerificationError, RequestTimeout
+from pystream.spark import (BrokerRef, OffsetRange, plan_ranges, read_range,
+                            split_ranges)
+from pystream.spark.ranges import client_for
 
+from .conftest import EXTERNAL_URI, TLS_URI, broker_connections
 from .publishers import amqp_message, publish
 
 N = 10_000
@@ -80,3 +88,86 @@ def test_stored_offsets_at_the_end_do_not_hang_a_range(uri, client, filled):
     rows = sum(b.num_rows for r in planned
                for b in read_range(uri, r.stream, r.start, r.end, timeout=5))
     assert rows == N
+
+
+# --- TLS --------------------------------------------------------------------
+
+#: The TLS listener as a BrokerRef takes it: user guest, no password.
+TLS_REF_URI = pystream.parse_uri(TLS_URI).uri()
+
+
+def test_broker_ref_refuses_tls_settings_that_cannot_work():
+    with pytest.raises(ValueError, match="needs a rabbitmq-stream\\+tls:// URI"):
+        BrokerRef("rabbitmq-stream://localhost:5552/", ca_file="ca.pem")
+    with pytest.raises(ValueError, match="SASL EXTERNAL .* client certificate file"):
+        BrokerRef(EXTERNAL_URI, sasl_mechanism="EXTERNAL")
+    with pytest.raises(ValueError, match="SASL EXTERNAL .* rabbitmq-stream\\+tls://"):
+        BrokerRef("rabbitmq-stream://localhost:5552/", sasl_mechanism="EXTERNAL")
+    with pytest.raises(ValueError, match="one of PLAIN, EXTERNAL, not 'SCRAM'"):
+        BrokerRef(EXTERNAL_URI, sasl_mechanism="SCRAM")
+    with pytest.raises(ValueError, match="key needs its certificate"):
+        BrokerRef(TLS_REF_URI, key_file="client.key").connection_options()
+
+
+def test_missing_tls_file_is_named(tmp_path):
+    ref = BrokerRef(TLS_REF_URI, ca_file=str(tmp_path / "ca.pem"))
+    with pytest.raises(ValueError, match=f"cannot load the TLS CA file "
+                       f"{tmp_path}/ca.pem: No such file or directory"):
+        plan_ranges(ref, ["any"])
+
+
+@pytest.fixture
+def tls_filled(tls_dir, modern_stream) -> str:
+    """``N`` messages in several chunks, published over TLS."""
+    context = pystream.tls_context(str(tls_dir / "ca.pem"))
+    with pystream.connect(TLS_URI, ssl_context=context) as client, \
+            client.producer(modern_stream) as producer:
+        for part in range(4):
+            producer.send_batch([b"%05d" % i for i in range(part * N // 4,
+                                                            (part + 1) * N // 4)])
+            producer.flush()
+    return modern_stream
+
+
+def read_planned(broker: BrokerRef, stream: str, **options) -> list[bytes]:
+    planned = plan_ranges(broker, [stream], min_partitions=3,
+                          min_records_per_partition=1, **options)
+    assert len(planned) == 3
+    return [body for r in planned
+            for batch in read_range(broker, r.stream, r.start, r.end, **options)
+            for body in batch.column("body").to_pylist()]
+
+
+def test_ranges_over_tls(tls_dir, tls_filled):
+    """PLAIN over TLS, trusting the test CA named by its path; the ref
+    pickles as the path alone."""
+    broker = BrokerRef(TLS_REF_URI, ca_file=str(tls_dir / "ca.pem"))
+    assert pickle.loads(pickle.dumps(broker)) == broker
+    assert read_planned(broker, tls_filled) == [b"%05d" % i for i in range(N)]
+    client = client_for(broker)
+    assert isinstance(client.connection._sock, ssl.SSLSocket)
+    assert client is client_for(broker)  # one context and client per process
+
+
+def test_ranges_over_tls_with_external(tls_dir, cert_user, tls_filled, monkeypatch):
+    """No password anywhere: every connection logs in as the client
+    certificate's CN."""
+    monkeypatch.delenv("PYSTREAM_PASSWORD", raising=False)
+    broker = BrokerRef(EXTERNAL_URI, password_env=None,
+                       ca_file=str(tls_dir / "ca.pem"),
+                       cert_file=str(tls_dir / "client.pem"),
+                       key_file=str(tls_dir / "client.key"),
+                       sasl_mechanism="EXTERNAL")
+    name = f"pystream-ranges-external-{uuid.uuid4().hex[:8]}"
+    options = {"connection_options": {"connection_name": name}}
+    assert read_planned(broker, tls_filled, **options) == [
+        b"%05d" % i for i in range(N)]
+    seen = broker_connections(name)
+    assert seen and all(c["user"] == cert_user and c["ssl"] for c in seen), seen
+
+
+def test_wrong_ca_fails_when_planning(tls_dir):
+    broker = BrokerRef(TLS_REF_URI, ca_file=str(tls_dir / "wrong-ca.pem"))
+    with pytest.raises(CertificateVerificationError,
+                       match="certificate did not verify: self-signed"):
+        plan_ranges(broker, ["any"])

@@ -20,7 +20,7 @@ import pytest
 import pystream
 from pystream.spark import BrokerRef, plan_ranges, read_range, stream_bounds
 
-from .conftest import MODERN_URI
+from .conftest import EXTERNAL_URI, MODERN_URI
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession, functions as F  # noqa: E402
@@ -235,6 +235,64 @@ def test_map_in_arrow_over_planned_ranges(spark, million):
     out = plan.repartition(4).mapInArrow(read, "offset long, size int")
     row = out.agg(F.count("*"), F.countDistinct("offset"), F.sum("size")).first()
     assert tuple(row) == (1_000_000, 1_000_000, sum(len(b"body-%d" % i) for i in range(1_000_000)))
+
+
+# --- TLS --------------------------------------------------------------------
+
+def tls_options(folder, **more: str) -> dict[str, str]:
+    """The data source options of the TLS listener with EXTERNAL: paths
+    only, no user and no password."""
+    return {"uri": EXTERNAL_URI, "tlsCaFile": str(folder / "ca.pem"),
+            "tlsCertFile": str(folder / "client.pem"),
+            "tlsKeyFile": str(folder / "client.key"),
+            "saslMechanism": "external", **more}
+
+
+@pytest.mark.broker
+def test_tls_batch_read_with_external(spark, tls_dir, cert_user, modern,
+                                      modern_stream):
+    """Each task builds its TLS context from the paths and logs in as the
+    client certificate."""
+    for lo in range(0, 3000, 1000):
+        publish_range(modern, modern_stream, lo, lo + 1000)
+    df = source(spark, **tls_options(tls_dir, stream=modern_stream,
+                                     maxRecordsPerPartition="1000"))
+    assert df.rdd.getNumPartitions() == 3
+    bodies = df.select("body").toArrow().column("body").to_pylist()
+    assert sorted(int(b) for b in bodies) == list(range(3000))
+
+
+@pytest.mark.broker
+def test_tls_plan_carries_paths_not_secrets(tls_dir, modern, modern_stream,
+                                            monkeypatch):
+    """What the driver sends to executors names the TLS files, but holds
+    neither their contents nor a password; a wrong CA fails on the driver,
+    while planning."""
+    from pyspark import cloudpickle
+
+    publish_range(modern, modern_stream, 0, 100)
+    monkeypatch.setenv("PYSTREAM_TEST_PASSWORD", "guest")
+    for options in (tls_options(tls_dir),
+                    {"uri": "rabbitmq-stream+tls://localhost:5551/",
+                     "tlsCaFile": str(tls_dir / "ca.pem"),
+                     "passwordEnv": "PYSTREAM_TEST_PASSWORD"}):
+        source_ = RabbitMQStreamDataSource({**options, "stream": modern_stream})
+        reader = source_.reader(source_.schema())
+        parts = reader.partitions()
+        pickled = cloudpickle.dumps((source_, reader, parts))
+        assert str(tls_dir / "ca.pem").encode() in pickled
+        assert b"guest" not in pickled
+        for name in ("client.key", "client.pem", "ca.pem"):
+            # The base64 lines between the PEM markers.
+            for line in (tls_dir / name).read_text().splitlines():
+                if not line.startswith("-----"):
+                    assert line.encode() not in pickled, name
+        assert sum(b.num_rows for b in reader.read(parts[0])) == 100
+    wrong = RabbitMQStreamDataSource(tls_options(
+        tls_dir, stream=modern_stream, tlsCaFile=str(tls_dir / "wrong-ca.pem")))
+    with pytest.raises(pystream.CertificateVerificationError,
+                       match="certificate did not verify"):
+        wrong.reader(wrong.schema()).partitions()
 
 
 # --- streaming --------------------------------------------------------------

@@ -6,16 +6,11 @@ connections producers and consumers open, all over TLS."""
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 import secrets
-import socket
 import ssl
-import subprocess
 import time
 import uuid
-from typing import Any, Iterator
 
 import pytest
 
@@ -23,74 +18,9 @@ import pystream
 from pystream import (AuthenticationFailure, CertificateVerificationError,
                       Endpoint, SaslMechanismNotSupported)
 
-from .certificates import CLIENT_CN, ensure_certificates
-from .conftest import BROKER_SCRIPT, broker_ctl
+from .conftest import EXTERNAL_URI, TLS_PORT, TLS_URI, broker_connections
 
 pytestmark = pytest.mark.broker
-
-CACHE = pathlib.Path(os.environ.get("PYSTREAM_BROKER_CACHE")
-                     or pathlib.Path.home() / ".cache" / "pystream" / "brokers")
-TLS_PORT = 5551
-TLS_URI = f"rabbitmq-stream+tls://guest:guest@localhost:{TLS_PORT}/"
-EXTERNAL_URI = f"rabbitmq-stream+tls://localhost:{TLS_PORT}/"
-
-
-def serves_tls(folder: pathlib.Path, wait: float = 0) -> bool:
-    """Whether the TLS port completes a handshake verified by our CA (within
-    ``wait`` seconds)."""
-    context = ssl.create_default_context(cafile=folder / "ca.pem")
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            with socket.create_connection(("localhost", TLS_PORT), timeout=5) as sock:
-                with context.wrap_socket(sock, server_hostname="localhost"):
-                    return True
-        except OSError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.5)
-
-
-def broker(command: str) -> None:
-    result = subprocess.run([str(BROKER_SCRIPT), command, "modern"],
-                            capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        pytest.fail(f"scripts/broker {command} modern failed:\n"
-                    f"{result.stderr[-2000:]}")
-
-
-@pytest.fixture(scope="session")
-def tls_dir() -> pathlib.Path:
-    """The certificates, served by the modern broker. The node reads them at
-    start only: a node started before they existed (or with older ones) is
-    restarted, once, since the cache folder outlives test runs."""
-    folder = ensure_certificates(CACHE / "modern" / "tls")
-    if serves_tls(folder):
-        return folder
-    # `up` first: a node that is down or restarting (another run's doing)
-    # comes up with the certificates, and is not restarted once more.
-    broker("up")
-    if not serves_tls(folder, wait=5):
-        broker("restart")
-        if not serves_tls(folder, wait=30):
-            pytest.fail(f"the modern broker does not serve TLS on {TLS_PORT} "
-                        f"with the CA in {folder}")
-    return folder
-
-
-@pytest.fixture(scope="session")
-def cert_user(tls_dir) -> Iterator[str]:
-    """The broker user the client certificate names (its CN). Its password
-    is random: EXTERNAL never sends one."""
-    try:
-        broker_ctl("modern", "add_user", CLIENT_CN, secrets.token_urlsafe(24))
-    except subprocess.CalledProcessError as exc:
-        if "already exists" not in exc.stderr:
-            raise
-    broker_ctl("modern", "set_permissions", "-p", "/", CLIENT_CN,
-               ".*", ".*", ".*")
-    yield CLIENT_CN
-    broker_ctl("modern", "delete_user", CLIENT_CN)
 
 
 def ca_context(folder: pathlib.Path, ca: str = "ca.pem") -> ssl.SSLContext:
@@ -101,14 +31,6 @@ def client_cert_context(folder: pathlib.Path) -> ssl.SSLContext:
     context = ca_context(folder)
     context.load_cert_chain(folder / "client.pem", folder / "client.key")
     return context
-
-
-def broker_connections(name: str) -> list[dict[str, Any]]:
-    """The modern broker's view of the stream connections named ``name``."""
-    out = broker_ctl("modern", "list_stream_connections", "--formatter",
-                     "json", "client_properties", "user", "ssl", "port")
-    return [c for c in json.loads(out[out.index("["):])
-            if ["connection_name", "longstr", name] in c["client_properties"]]
 
 
 def round_trip(client: pystream.Client, stream: str, n: int = 100) -> None:

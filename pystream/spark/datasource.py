@@ -11,6 +11,9 @@ Options (case-insensitive), all strings as Spark passes them:
 
 - ``uri`` (no password in it), ``passwordEnv`` (default
   ``PYSTREAM_PASSWORD``), ``passwordFile``: see ``BrokerRef``.
+- With a ``rabbitmq-stream+tls://`` URI: ``tlsCaFile``, ``tlsCertFile``,
+  ``tlsKeyFile`` (paths that must exist on the driver and every executor)
+  and ``saslMechanism`` (``PLAIN`` or ``EXTERNAL``): see ``BrokerRef``.
 - One of ``stream``, ``streams`` (comma-separated) or ``superstream``.
 - ``startingOffsets``: ``earliest``, ``latest`` or JSON ``{"s": offset}``
   (``-2`` earliest, ``-1`` latest, as in Spark's Kafka source; missing
@@ -92,7 +95,11 @@ class _Config:
                              "to every executor: use passwordEnv or passwordFile")
         broker = BrokerRef(opts.get("uri", "rabbitmq-stream://localhost:5552/"),
                            opts.get("passwordenv", "PYSTREAM_PASSWORD"),
-                           opts.get("passwordfile"))
+                           opts.get("passwordfile"),
+                           ca_file=opts.get("tlscafile"),
+                           cert_file=opts.get("tlscertfile"),
+                           key_file=opts.get("tlskeyfile"),
+                           sasl_mechanism=opts.get("saslmechanism", "PLAIN").upper())
         named = [k for k in ("stream", "streams", "superstream") if k in opts]
         if len(named) != 1:
             raise ValueError("name exactly one of the options stream, streams "

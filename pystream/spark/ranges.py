@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from ..client import Client
 from ..errors import DataLoss, RequestTimeout
+from ..tls import check_tls_settings, tls_context
 from ..uri import BrokerAddress, parse_uri
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
@@ -40,15 +41,28 @@ MIN_RANGE = 100_000
 
 @dataclass(frozen=True)
 class BrokerRef:
-    """Where a broker is and where its password lives, without the password,
-    so it can travel to executors: ``uri`` carries no password; the password
-    is read, where a connection is made, from the file ``password_file`` or
-    else the environment variable ``password_env`` (neither set: the URI's
-    default, ``guest``)."""
+    """Where a broker is and how to log in, without a secret, so it can
+    travel to executors: ``uri`` carries no password; the password is read,
+    where a connection is made, from the file ``password_file`` or else the
+    environment variable ``password_env`` (neither set: the URI's default,
+    ``guest``).
+
+    With a ``rabbitmq-stream+tls://`` URI, TLS trusts the CAs of the PEM
+    file ``ca_file`` (None: the system's) and presents the client
+    certificate ``cert_file`` with its key ``key_file`` (None: in
+    ``cert_file``). Only the paths travel: the files are read, and the
+    ``ssl.SSLContext`` built, where the connection is made, so they must
+    exist on the driver and on every executor. ``sasl_mechanism`` is
+    ``"PLAIN"`` (user and password) or ``"EXTERNAL"`` (log in as the client
+    certificate's name; no password is read)."""
 
     uri: str
     password_env: str | None = "PYSTREAM_PASSWORD"
     password_file: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    sasl_mechanism: str = "PLAIN"
 
     def __post_init__(self) -> None:
         if urlsplit(self.uri).password is not None:
@@ -58,16 +72,30 @@ class BrokerRef:
                 f"variable {self.password_env or 'PYSTREAM_PASSWORD'} (also on "
                 "the executors, e.g. spark.executorEnv.PYSTREAM_PASSWORD) or "
                 "name a password file")
-        parse_uri(self.uri)  # fail on the driver, not in every task
+        # Fail on the driver, not in every task.
+        check_tls_settings(parse_uri(self.uri).tls, ca_file=self.ca_file,
+                           cert_file=self.cert_file, key_file=self.key_file,
+                           sasl_mechanism=self.sasl_mechanism)
 
     def address(self) -> BrokerAddress:
         address = parse_uri(self.uri)
+        if self.sasl_mechanism == "EXTERNAL":
+            return address  # the certificate logs in: no password to read
         if self.password_file:
             with open(self.password_file, encoding="utf-8") as f:
                 return replace(address, password=f.read().strip("\r\n"))
         if self.password_env and self.password_env in os.environ:
             return replace(address, password=os.environ[self.password_env])
         return address
+
+    def connection_options(self) -> dict[str, Any]:
+        """``connect`` options for this broker; the TLS context is built
+        from the files now, in the calling process."""
+        options: dict[str, Any] = {"sasl_mechanism": self.sasl_mechanism}
+        if parse_uri(self.uri).tls:
+            options["ssl_context"] = tls_context(self.ca_file, self.cert_file,
+                                                 self.key_file)
+        return options
 
 
 Broker = Union[str, BrokerRef]
@@ -103,7 +131,9 @@ _clients_lock = threading.Lock()
 
 
 def client_for(broker: Broker, options: dict[str, Any] | None = None) -> Client:
-    """This process's client for ``broker`` (a forked worker gets its own)."""
+    """This process's client for ``broker`` (a forked worker gets its own).
+    A ``BrokerRef``'s TLS settings are part of the key, so its context is
+    built once per process and broker."""
     global _clients_pid
     options = options or {}
     key = (broker, tuple(sorted(options.items())))
@@ -113,8 +143,12 @@ def client_for(broker: Broker, options: dict[str, Any] | None = None) -> Client:
             _clients_pid = os.getpid()
         client = _clients.get(key)
         if client is None or client.closed:
-            address = broker.address() if isinstance(broker, BrokerRef) else broker
-            client = _clients[key] = Client(address, **options)
+            if isinstance(broker, BrokerRef):
+                client = Client(broker.address(),
+                                **{**broker.connection_options(), **options})
+            else:
+                client = Client(broker, **options)
+            _clients[key] = client
         return client
 
 
