@@ -12,7 +12,9 @@ Commands (pystream COMMAND --help for each one's options):
   bench KIND        run the source checkout's latency or throughput benchmark
 
 The broker is --uri, else $PYSTREAM_URI, else
-rabbitmq-stream://guest:guest@localhost:5552/. An error prints one line,
+rabbitmq-stream://guest:guest@localhost:5552/; a rabbitmq-stream+tls:// URI
+connects over TLS (--ca-file, --cert-file, --key-file, --sasl-mechanism
+EXTERNAL for a private CA and a client certificate). An error prints one line,
 "pystream: error: ...", and exits 1 (2 for usage errors); --debug shows its
 traceback instead. Ctrl-C ends tail with status 0, other commands with 130.
 """
@@ -46,8 +48,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
+from pystream.connection import TRUST_HINT
 from pystream.spark import StreamBounds, read_range, stream_bounds
 from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
+from pystream.tls import SASL_MECHANISMS, check_tls_settings, tls_context
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 MANAGEMENT_PORT = 15672
@@ -109,9 +113,17 @@ def describe(exc: BaseException, args: argparse.Namespace) -> str:
     elif isinstance(exc, pystream.AuthenticationFailureLoopback):
         text = (f"{address.uri()} lets user {address.username!r} connect "
                 f"from localhost only")
+    elif (isinstance(exc, pystream.AuthenticationFailure)
+          and args.sasl_mechanism == "EXTERNAL"):
+        text = (f"authentication failed: {address.uri()} refused the TLS "
+                f"client certificate (EXTERNAL logs in as its name: is that "
+                f"a broker user?)")
     elif isinstance(exc, pystream.AuthenticationFailure):
         text = (f"authentication failed: {address.uri()} refused user "
                 f"{address.username!r} (wrong user name or password)")
+    elif isinstance(exc, pystream.CertificateVerificationError):
+        text = str(exc).replace(TRUST_HINT, "give --ca-file the CA that "
+                                "signed it")
     elif isinstance(exc, pystream.StreamError):
         # "create stream 'x': PreconditionFailed (response code 0x11)"
         # reads better with the class name in words.
@@ -136,16 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pystream", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n")[-1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_global_options(parser, os.environ.get("PYSTREAM_URI", DEFAULT_URI), False)
+    _add_global_options(parser, top=True)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND",
                                      required=True)
 
     def command(name: str, run: Callable[[argparse.Namespace], int],
                 help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
-        # The global options work after the command too; SUPPRESS keeps a
-        # value given before it.
-        _add_global_options(sub, argparse.SUPPRESS, argparse.SUPPRESS)
+        _add_global_options(sub, top=False)
         sub.set_defaults(run=run)
         return sub
 
@@ -224,13 +234,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_global_options(parser: argparse.ArgumentParser, uri: Any,
-                        debug: Any) -> None:
-    parser.add_argument("--uri", type=broker_uri, default=uri,
+def _add_global_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    def default(value: Any) -> Any:
+        # The global options work after the command too; there SUPPRESS
+        # keeps a value given before it.
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument("--uri", type=broker_uri,
+                        default=default(os.environ.get("PYSTREAM_URI", DEFAULT_URI)),
                         help="the broker (default: $PYSTREAM_URI, else "
                         f"{DEFAULT_URI})")
-    parser.add_argument("--debug", action="store_true", default=debug,
+    parser.add_argument("--debug", action="store_true", default=default(False),
                         help="show the traceback of an error")
+    tls = parser.add_argument_group(
+        "TLS", "the files are for a rabbitmq-stream+tls:// URI (refused "
+        "with a plain one)")
+    tls.add_argument("--ca-file", metavar="PEM", default=default(None),
+                     help="trust the CAs in this file (default: the system's)")
+    tls.add_argument("--cert-file", metavar="PEM", default=default(None),
+                     help="present this client certificate")
+    tls.add_argument("--key-file", metavar="PEM", default=default(None),
+                     help="the client certificate's private key (default: in "
+                     "--cert-file)")
+    tls.add_argument("--sasl-mechanism", type=str.upper, choices=SASL_MECHANISMS,
+                     default=default("PLAIN"),
+                     help="PLAIN (default): the URI's user and password; "
+                     "EXTERNAL: log in as the client certificate's name")
 
 
 def _add_columns_option(parser: argparse.ArgumentParser) -> None:
@@ -312,8 +341,22 @@ def management_url(text: str) -> str:
     return text.rstrip("/")
 
 
+def connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of ``pystream.connect`` the global options ask for; the
+    TLS context is built (its files read) here."""
+    tls = pystream.parse_uri(args.uri).tls
+    check_tls_settings(tls, ca_file=args.ca_file, cert_file=args.cert_file,
+                       key_file=args.key_file, sasl_mechanism=args.sasl_mechanism)
+    options: dict[str, Any] = {"connection_name": "pystream cli",
+                               "sasl_mechanism": args.sasl_mechanism}
+    if tls:
+        options["ssl_context"] = tls_context(args.ca_file, args.cert_file,
+                                             args.key_file)
+    return options
+
+
 def connect(args: argparse.Namespace) -> pystream.Client:
-    return pystream.connect(args.uri, connection_name="pystream cli")
+    return pystream.connect(args.uri, **connection_options(args))
 
 
 # --- tail -------------------------------------------------------------------
@@ -436,12 +479,13 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if not args.to.parent.is_dir():
         raise CliError(f"cannot write {args.to}: {args.to.parent} is not a "
                        "directory")
-    with connect(args) as client:
+    options = connection_options(args)
+    with pystream.connect(args.uri, **options) as client:
         bounds = stream_bounds(client, args.stream)
         start = _start_offset(client, args.stream, args.start, bounds)
     end = bounds.end if args.to_offset is None else min(args.to_offset, bounds.end)
     started = time.monotonic()
-    records, body_bytes = _write_range(args, start, max(start, end))
+    records, body_bytes = _write_range(args, options, start, max(start, end))
     seconds = time.monotonic() - started
     print(f"{records:,} records, {body_bytes / 1e6:,.1f} MB of bodies, in "
           f"{seconds:.2f} s ({records / seconds:,.0f} records/s, "
@@ -450,7 +494,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_range(args: argparse.Namespace, start: int, end: int) -> tuple[int, int]:
+def _write_range(args: argparse.Namespace, options: dict[str, Any], start: int,
+                 end: int) -> tuple[int, int]:
     """Write the records from ``start`` to ``end`` to ``args.to``; returns
     how many records and body bytes."""
     # Written beside the target and renamed when complete: an interrupted
@@ -463,6 +508,7 @@ def _write_range(args: argparse.Namespace, start: int, end: int) -> tuple[int, i
         with (_terminate_as_interrupt(), _file_writer(part, schema, parquet) as write,
               Progress(end - start, args.progress or sys.stderr.isatty()) as progress):
             for batch in read_range(args.uri, args.stream, start, end,
+                                    connection_options=options,
                                     body="binary", columns=args.columns):
                 write(batch)
                 records += batch.num_rows

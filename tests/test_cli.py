@@ -22,7 +22,7 @@ import pytest
 import pystream
 from pystream import cli
 
-from .conftest import MODERN_URI
+from .conftest import EXTERNAL_URI, MODERN_URI, TLS_PORT
 
 MANAGEMENT = {5552: "http://localhost:15672", 5562: "http://localhost:15682"}
 LINES = [b"hello", b"", "caf\u00e9 \u2615".encode(), b"\xff\xfe not utf-8",
@@ -42,10 +42,11 @@ def run_process(*argv: str, stdin: bytes = b"",
                           env={**os.environ, **(env or {})})
 
 
-def publish(monkeypatch, capsys, uri: str, stream: str, lines: list[bytes]) -> None:
+def publish(monkeypatch, capsys, uri: str, stream: str, lines: list[bytes],
+            *options: str) -> None:
     data = b"".join(line + b"\n" for line in lines)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
-    status, _, err = run(capsys, "--uri", uri, "publish", stream)
+    status, _, err = run(capsys, "--uri", uri, *options, "publish", stream)
     assert status == 0, err
     assert f"published {len(lines):,} messages" in err
 
@@ -323,6 +324,96 @@ def test_dump_usage_errors(capsys, tmp_path):
     status, out, err = run(capsys, "dump", "s",
                            "--to", str(tmp_path / "no" / "x.arrow"))
     assert_one_line_error(status, out, err, "not a directory")
+
+
+# --- TLS ----------------------------------------------------------------------
+
+TLS_URI = f"rabbitmq-stream+tls://guest@localhost:{TLS_PORT}/"  # password: guest
+
+
+def test_tls_publish_tail_stats_dump(tls_dir, modern_stream, capsys,
+                                     monkeypatch, tmp_path):
+    """PLAIN over TLS, trusting the test CA; the TLS options also work after
+    the command."""
+    ca = ("--ca-file", str(tls_dir / "ca.pem"))
+    publish(monkeypatch, capsys, TLS_URI, modern_stream, LINES, *ca)
+    status, out, _ = run(capsys, "--uri", TLS_URI, *ca, "tail", modern_stream,
+                         "--from", "first", "--count", str(len(LINES)),
+                         "--format", "json")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert status == 0
+    assert [r["body"].encode() if "body" in r else base64.b64decode(r["body_base64"])
+            for r in records] == LINES
+    status, out, _ = run(capsys, "--uri", TLS_URI, *ca, "stats", modern_stream,
+                         "--json")
+    report = json.loads(out)
+    assert (status, report["end_offset"]) == (0, len(LINES))
+    assert report["leader"] == f"localhost:{TLS_PORT}"  # the TLS port, advertised
+    target = tmp_path / "out.arrow"
+    status, _, err = run(capsys, "--uri", TLS_URI, "dump", modern_stream,
+                         "--to", str(target), *ca)
+    assert status == 0, err
+    assert pa.ipc.open_file(target).read_all()["body"].to_pylist() == LINES
+
+
+def test_tls_external_with_a_client_certificate(tls_dir, cert_user,
+                                                modern_stream, capsys,
+                                                monkeypatch):
+    """The URI's user does not exist and has no password: EXTERNAL logs in
+    as the certificate's CN."""
+    uri = f"rabbitmq-stream+tls://nobody@localhost:{TLS_PORT}/"
+    options = ("--ca-file", str(tls_dir / "ca.pem"),
+               "--cert-file", str(tls_dir / "client.pem"),
+               "--key-file", str(tls_dir / "client.key"),
+               "--sasl-mechanism", "external")
+    publish(monkeypatch, capsys, uri, modern_stream, [b"one", b"two"], *options)
+    status, out, _ = run(capsys, "--uri", uri, *options, "tail", modern_stream,
+                         "--from", "first", "--count", "2", "--format", "raw")
+    assert (status, out) == (0, "one\ntwo\n")
+    done = run_process("--uri", uri, *options, "stats", modern_stream, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["end_offset"] == 2
+    # PLAIN as that user fails, so the certificate was what logged in.
+    status, out, err = run(capsys, "--uri", uri, *options[:6], "stats",
+                           modern_stream)
+    assert_one_line_error(status, out, err, "refused user 'nobody'")
+
+
+def test_tls_wrong_ca_is_one_line(tls_dir, capsys):
+    status, out, err = run(capsys, "--uri", TLS_URI, "--ca-file",
+                           str(tls_dir / "wrong-ca.pem"), "stats", "s")
+    assert_one_line_error(status, out, err, "certificate did not verify: "
+                          "self-signed certificate in certificate chain "
+                          "(give --ca-file the CA that signed it)")
+    assert "ssl_context" not in err
+    done = run_process("--uri", TLS_URI, "stats", "s")  # the system's CAs
+    assert done.returncode == 1 and done.stderr.count(b"\n") == 1
+    assert b"certificate did not verify" in done.stderr
+
+
+def test_tls_settings_that_cannot_work_are_one_line(capsys, tmp_path):
+    for argv, words in [
+            (["--uri", "rabbitmq-stream://localhost:5552/", "--ca-file", "ca.pem"],
+             "needs a rabbitmq-stream+tls:// URI"),
+            (["--uri", TLS_URI, "--sasl-mechanism", "EXTERNAL"],
+             "SASL EXTERNAL logs in as the name of the TLS client certificate"),
+            (["--uri", TLS_URI, "--ca-file", str(tmp_path / "ca.pem")],
+             f"cannot load the TLS CA file {tmp_path}/ca.pem: No such file"),
+            (["--uri", TLS_URI, "--cert-file", str(tmp_path)],
+             f"cannot load the TLS client certificate {tmp_path}")]:
+        status, out, err = run(capsys, *argv, "stats", "s")
+        assert_one_line_error(status, out, err, words)
+    status, _, err = run(capsys, "--sasl-mechanism", "SCRAM", "stats", "s")
+    assert status == 2 and "invalid choice: 'SCRAM'" in err
+
+
+def test_external_refused_names_the_certificate():
+    args = cli.build_parser().parse_args(
+        ["--uri", EXTERNAL_URI, "--sasl-mechanism", "EXTERNAL", "stats", "s"])
+    text = cli.describe(pystream.AuthenticationFailure("refused"), args)
+    assert text == (f"authentication failed: {pystream.parse_uri(EXTERNAL_URI).uri()} "
+                    f"refused the TLS client certificate (EXTERNAL logs in as "
+                    f"its name: is that a broker user?)")
 
 
 # --- errors -------------------------------------------------------------------
