@@ -56,7 +56,9 @@ class Client:
         """See ``connect`` for the options."""
         address = parse_uri(uri) if isinstance(uri, str) else uri
         if options.get("ssl_context") is not None and not address.tls:
-            address = BrokerAddress(**{**address.__dict__, "tls": True})
+            # Switching TLS on here would keep the plain port (5552).
+            raise ValueError("ssl_context needs a rabbitmq-stream+tls:// URI "
+                             "(default port 5551)")
         self.address = address
         self._options = options
         self._closed = False

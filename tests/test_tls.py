@@ -100,6 +100,11 @@ def test_host_name_mismatch_is_rejected(tls_dir):
         f"host name the certificate lists)")
 
 
+def test_ssl_context_needs_a_tls_uri(tls_dir):
+    with pytest.raises(ValueError, match="needs a rabbitmq-stream\\+tls:// URI"):
+        pystream.connect(TLS_URI.replace("+tls", ""), ssl_context=ca_context(tls_dir))
+
+
 def test_plain_uri_to_the_tls_port_says_so(tls_dir):
     with pytest.raises(pystream.ProtocolError, match="answered with TLS: use a "
                        "rabbitmq-stream\\+tls:// URI"):
