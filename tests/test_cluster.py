@@ -9,7 +9,8 @@ The client connects to cluster1 and the stream's leader is put there
 (``client-local``), so the node that goes is also the one of the client's
 own admin connection. The node goes twice over: stopped (``scripts/broker
 down``: it leaves the cluster in order) and killed (SIGKILL to its whole
-process group: a crash)."""
+process group: a crash). Then the replica the consumer reads from is killed:
+the consumer must move to another node."""
 
 from __future__ import annotations
 
@@ -132,6 +133,13 @@ class Reader:
             self.errors.append(exc)
 
 
+def consumer_endpoint(consumer: pystream.Consumer, stream: str) -> Endpoint:
+    """The node a consumer's subscription is on (the consumer does not say)."""
+    connection = consumer._subs[stream].connection
+    assert connection is not None
+    return Endpoint(connection.address.host, connection.address.port)
+
+
 def node_of(endpoint: Endpoint | None) -> str | None:
     return None if endpoint is None else NODE_OF_PORT[endpoint.port]
 
@@ -146,9 +154,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"{what}: not after {timeout} s")
 
 
-@pytest.mark.parametrize("how", ["stop", "kill"])
-def test_leader_loss(cluster: None, how: str,
-                     record_property: Callable[[str, object], None]) -> None:
+@pytest.mark.parametrize("victim, how", [
+    ("leader", "stop"), ("leader", "kill"),
+    # The replica the consumer reads from: it must move to another node.
+    ("reader", "kill")])
+def test_node_loss(cluster: None, victim: str, how: str,
+                   record_property: Callable[[str, object], None]) -> None:
     started = time.monotonic()
     stream = f"test-cluster-{uuid.uuid4().hex[:8]}"
     stopped: str | None = None
@@ -174,13 +185,15 @@ def test_leader_loss(cluster: None, how: str,
                 t.start()
             time.sleep(BEFORE_FAULT)
 
+            reading_from = node_of(consumer_endpoint(consumer, stream))
+            assert reading_from in ("cluster2", "cluster3")  # a replica
             fault = time.monotonic()
-            stopped = leader
+            stopped = leader if victim == "leader" else reading_from
             stopping: subprocess.Popen | None = None
             if how == "kill":
-                os.killpg(node_pid(leader), signal.SIGKILL)
+                os.killpg(node_pid(stopped), signal.SIGKILL)
             else:
-                stopping = subprocess.Popen([str(BROKER_SCRIPT), "down", leader],
+                stopping = subprocess.Popen([str(BROKER_SCRIPT), "down", stopped],
                                             stdout=subprocess.DEVNULL)
 
             def new_leader() -> tuple[str, float] | None:
@@ -193,7 +206,10 @@ def test_leader_loss(cluster: None, how: str,
                 name = node_of(now.leader)
                 return (name, time.monotonic()) if name not in (None, leader) else None
 
-            elected, elected_at = wait_for(new_leader, 60, "a new leader")
+            if victim == "leader":
+                elected, elected_at = wait_for(new_leader, 60, "a new leader")
+            else:
+                elected, elected_at = leader, fault
             assert stopping is None or stopping.wait(120) == 0
             node_gone = time.monotonic()
             time.sleep(max(0.0, fault + AFTER_FAULT - time.monotonic()))
@@ -206,6 +222,7 @@ def test_leader_loss(cluster: None, how: str,
                      f"the consumer reading up to {last_id}")
             reader.stop.set()
             threads[1].join(30)
+            moved_to = node_of(consumer_endpoint(consumer, stream))
             consumer.close()
             producer.close()
         finally:
@@ -242,7 +259,8 @@ def test_leader_loss(cluster: None, how: str,
     consumer_recovery = float(arrived[seqs >= first_after].min()) - outage
     reads = np.array(reader.arrived)
     consumer_gap = float(np.diff(reads[reads >= fault - 1]).max())
-    report = (f"{how} of leader {leader} issued at 0 s, node gone at "
+    report = (f"{how} of {victim} {stopped} issued at 0 s (consumer read "
+              f"from {reading_from}, then {moved_to}), node gone at "
               f"{node_gone - fault:.1f} s; old leader's last confirm at "
               f"{outage - fault:.2f} s; new leader {elected} in metadata at "
               f"{elected_at - fault:.2f} s; producer: confirms again "
@@ -268,3 +286,4 @@ def test_leader_loss(cluster: None, how: str,
     assert (np.diff(seqs) > 0).all(), f"out of order: {report}"
     assert np.isin(confirmed, seqs).all(), f"confirmed records missing: {report}"
     assert seqs.min() >= 1 and seqs.max() <= last_id, report
+    assert moved_to != stopped, report
