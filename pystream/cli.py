@@ -51,7 +51,7 @@ import pystream
 from pystream.connection import TRUST_HINT
 from pystream.spark import StreamBounds, read_range, stream_bounds
 from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
-from pystream.tls import SASL_MECHANISMS, check_tls_settings, tls_context
+from pystream.tls import SASL_MECHANISMS, tls_options
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 MANAGEMENT_PORT = 15672
@@ -344,15 +344,10 @@ def management_url(text: str) -> str:
 def connection_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options of ``pystream.connect`` the global options ask for; the
     TLS context is built (its files read) here."""
-    tls = pystream.parse_uri(args.uri).tls
-    check_tls_settings(tls, ca_file=args.ca_file, cert_file=args.cert_file,
-                       key_file=args.key_file, sasl_mechanism=args.sasl_mechanism)
-    options: dict[str, Any] = {"connection_name": "pystream cli",
-                               "sasl_mechanism": args.sasl_mechanism}
-    if tls:
-        options["ssl_context"] = tls_context(args.ca_file, args.cert_file,
-                                             args.key_file)
-    return options
+    return {"connection_name": "pystream cli",
+            **tls_options(pystream.parse_uri(args.uri).tls, ca_file=args.ca_file,
+                          cert_file=args.cert_file, key_file=args.key_file,
+                          sasl_mechanism=args.sasl_mechanism)}
 
 
 def connect(args: argparse.Namespace) -> pystream.Client:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from typing import Any
 
 SASL_MECHANISMS = ("PLAIN", "EXTERNAL")
 
@@ -51,6 +52,19 @@ def check_tls_settings(tls: bool, *, ca_file: str | None, cert_file: str | None,
         raise ValueError("SASL EXTERNAL logs in as the name of the TLS client "
                          "certificate: it needs a rabbitmq-stream+tls:// URI "
                          "and a client certificate file")
+
+
+def tls_options(tls: bool, *, ca_file: str | None = None,
+                cert_file: str | None = None, key_file: str | None = None,
+                sasl_mechanism: str = "PLAIN") -> dict[str, Any]:
+    """The ``connect`` options for these settings, checked, with the TLS
+    context built (its files read) now, in the calling process."""
+    check_tls_settings(tls, ca_file=ca_file, cert_file=cert_file,
+                       key_file=key_file, sasl_mechanism=sasl_mechanism)
+    options: dict[str, Any] = {"sasl_mechanism": sasl_mechanism}
+    if tls:
+        options["ssl_context"] = tls_context(ca_file, cert_file, key_file)
+    return options
 
 
 def _reason(exc: OSError) -> str:

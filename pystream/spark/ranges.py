@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from ..client import Client
 from ..errors import DataLoss, RequestTimeout
-from ..tls import check_tls_settings, tls_context
+from ..tls import check_tls_settings, tls_options
 from ..uri import BrokerAddress, parse_uri
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
@@ -91,11 +91,9 @@ class BrokerRef:
     def connection_options(self) -> dict[str, Any]:
         """``connect`` options for this broker; the TLS context is built
         from the files now, in the calling process."""
-        options: dict[str, Any] = {"sasl_mechanism": self.sasl_mechanism}
-        if parse_uri(self.uri).tls:
-            options["ssl_context"] = tls_context(self.ca_file, self.cert_file,
-                                                 self.key_file)
-        return options
+        return tls_options(parse_uri(self.uri).tls, ca_file=self.ca_file,
+                           cert_file=self.cert_file, key_file=self.key_file,
+                           sasl_mechanism=self.sasl_mechanism)
 
 
 Broker = Union[str, BrokerRef]
