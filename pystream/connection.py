@@ -133,6 +133,7 @@ class Connection:
         self.heartbeats_received = 0
 
         self._sock: socket.socket | None = None
+        self._reader_thread: threading.Thread | None = None
         self._reader = StreamDecoder(frame_max)
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
@@ -159,8 +160,10 @@ class Connection:
     def open(self) -> None:
         try:
             self._connect_socket()
-            threading.Thread(target=self._read_loop, daemon=True,
-                             name=f"pystream-reader-{self.address.port}").start()
+            self._reader_thread = threading.Thread(
+                target=self._read_loop, daemon=True,
+                name=f"pystream-reader-{self.address.port}")
+            self._reader_thread.start()
             self._handshake()
         except BaseException:
             self._shutdown_socket()
@@ -333,12 +336,11 @@ class Connection:
 
     def send_bytes(self, data: bytes) -> None:
         self._check_open()
-        sock = self._sock
         try:
-            if sock is None:
-                raise OSError("socket is closed")
-            with self._write_lock:
-                sock.sendall(data)
+            with self._write_lock:  # the reader closes the socket under it
+                if self._sock is None:
+                    raise OSError("socket is closed")
+                self._sock.sendall(data)
                 self._last_write = time.monotonic()
         except OSError as exc:
             err = ConnectionLost(f"send to {self.address.uri()} failed: {exc}")
@@ -396,8 +398,12 @@ class Connection:
             self._fail(None if self._closing else ConnectionLost(
                 f"reading from {self.address.uri()} failed: {exc}"))
         except Exception as exc:  # a handler's bug must not hang requests
-            log.exception("pystream reader thread failed")
-            self._fail(ProtocolError(f"frame dispatch failed: {exc!r}"))
+            if not self._closed.is_set():  # not a read racing shutdown()
+                log.exception("pystream reader thread failed")
+                self._fail(ProtocolError(f"frame dispatch failed: {exc!r}"))
+        finally:
+            self._shutdown_socket()  # done already, unless a BaseException
+            self._close_socket()
 
     def _check_not_tls(self, first: memoryview) -> None:
         """A TLS listener answers plain bytes with a TLS record (type 0x15
@@ -519,11 +525,22 @@ class Connection:
             publisher.on_connection_closed(error)
 
     def _shutdown_socket(self) -> None:
-        sock, self._sock = self._sock, None
+        """End both directions, which wakes the reader and any blocked
+        writer. Only the reader thread closes the descriptor, once it has
+        left recv: closed earlier, the number could be reused by a new
+        connection and the old reader would read (and answer) its bytes."""
+        sock = self._sock
         if sock is None:
             return
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        sock.close()
+        if self._reader_thread is None:
+            self._close_socket()
+
+    def _close_socket(self) -> None:
+        with self._write_lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
