@@ -163,9 +163,10 @@ def tls_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def cert_user(tls_dir) -> Iterator[str]:
     """The broker user the client certificate names (its CN). Its password
-    is random: EXTERNAL never sends one."""
+    is random, in hex since rabbitmqctl reads a leading '-' as an option:
+    EXTERNAL never sends one."""
     try:
-        broker_ctl("modern", "add_user", CLIENT_CN, secrets.token_urlsafe(24))
+        broker_ctl("modern", "add_user", CLIENT_CN, secrets.token_hex(24))
     except subprocess.CalledProcessError as exc:
         if "already exists" not in exc.stderr:
             raise
