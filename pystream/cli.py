@@ -48,7 +48,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.connection import TRUST_HINT
 from pystream.spark import StreamBounds, read_range, stream_bounds
 from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
 from pystream.tls import SASL_MECHANISMS, tls_options
@@ -122,8 +121,8 @@ def describe(exc: BaseException, args: argparse.Namespace) -> str:
         text = (f"authentication failed: {address.uri()} refused user "
                 f"{address.username!r} (wrong user name or password)")
     elif isinstance(exc, pystream.CertificateVerificationError):
-        text = str(exc).replace(TRUST_HINT, "give --ca-file the CA that "
-                                "signed it")
+        text = str(exc.with_hint("give --ca-file the CA that signed it")
+                   if exc.untrusted else exc)
     elif isinstance(exc, pystream.StreamError):
         # "create stream 'x': PreconditionFailed (response code 0x11)"
         # reads better with the class name in words.

@@ -78,20 +78,19 @@ CLIENT_COMMAND_VERSIONS = (
 )
 
 
-#: What fixes an untrusted certificate, in the Python API's terms (the
-#: command line says it in its own).
-TRUST_HINT = ("pass ssl_context= an ssl.SSLContext that trusts the CA that "
-              "signed it, e.g. ssl.create_default_context(cafile=...)")
-
-
-def _verify_failure(exc: ssl.SSLCertVerificationError) -> str:
+def _verify_failure(where: str, exc: ssl.SSLCertVerificationError
+                    ) -> CertificateVerificationError:
     """OpenSSL's reason, with what to change: a name check or a trust
     failure each have one fix."""
     reason = (exc.verify_message or str(exc)).rstrip(".")
     if exc.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH,
                            X509_V_ERR_IP_ADDRESS_MISMATCH):
-        return f"{reason} (connect with a host name the certificate lists)"
-    return f"{reason} ({TRUST_HINT})"
+        return CertificateVerificationError(
+            where, reason, "connect with a host name the certificate lists",
+            untrusted=False)
+    return CertificateVerificationError(
+        where, reason, "pass ssl_context= an ssl.SSLContext that trusts the "
+        "CA that signed it, e.g. ssl.create_default_context(cafile=...)")
 
 
 def negotiate(client: int, server: int) -> int:
@@ -187,10 +186,7 @@ class Connection:
                     sock, server_hostname=self.address.host)
             except ssl.SSLCertVerificationError as exc:
                 sock.close()
-                raise CertificateVerificationError(
-                    f"TLS handshake with {self.address.uri()} failed: the "
-                    f"broker's certificate did not verify: "
-                    f"{_verify_failure(exc)}") from exc
+                raise _verify_failure(self.address.uri(), exc) from exc
             except (ssl.SSLError, OSError) as exc:
                 sock.close()
                 raise ConnectionLost(f"TLS handshake with "

@@ -34,7 +34,27 @@ class ConnectionLost(StreamError):
 class CertificateVerificationError(StreamError):
     """The broker's TLS certificate did not verify (an untrusted CA, or a
     host name it does not list). Reconnecting cannot cure it, so consumers
-    and producers do not retry it."""
+    and producers do not retry it.
+
+    ``reason`` is OpenSSL's, ``untrusted`` tells a CA problem from a host
+    name one, and ``hint`` says what to change, in the Python API's terms;
+    :meth:`with_hint` says it in a front end's (a CLI flag, a Spark option).
+    """
+
+    def __init__(self, where: str = "", reason: str = "", hint: str = "", *,
+                 untrusted: bool = True) -> None:
+        super().__init__(f"TLS handshake with {where} failed: the broker's "
+                         f"certificate did not verify: {reason} ({hint})")
+        self.where, self.reason, self.hint = where, reason, hint
+        self.untrusted = untrusted
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.where, self.reason, self.hint), self.__dict__)
+
+    def with_hint(self, hint: str) -> CertificateVerificationError:
+        """The same failure, with another way to say what to change."""
+        return CertificateVerificationError(self.where, self.reason, hint,
+                                            untrusted=self.untrusted)
 
 
 class ConnectionClosed(StreamError):

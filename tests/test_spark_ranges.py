@@ -167,7 +167,17 @@ def test_ranges_over_tls_with_external(tls_dir, cert_user, tls_filled, monkeypat
 
 
 def test_wrong_ca_fails_when_planning(tls_dir):
+    """The hint names the settings a Spark user has, not ssl_context=; the
+    error pickles whole, as it travels from executors."""
     broker = BrokerRef(TLS_REF_URI, ca_file=str(tls_dir / "wrong-ca.pem"))
     with pytest.raises(CertificateVerificationError,
-                       match="certificate did not verify: self-signed"):
+                       match="certificate did not verify: self-signed") as raised:
         plan_ranges(broker, ["any"])
+    error = raised.value
+    assert error.untrusted and error.reason.startswith("self-signed")
+    assert str(error).endswith("(name the CA that signed it: the data source "
+                               "option tlsCaFile, or BrokerRef(ca_file=...))")
+    assert "ssl_context" not in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.reason, copy.untrusted) == (
+        str(error), error.reason, True)

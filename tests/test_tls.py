@@ -80,6 +80,8 @@ def test_system_cas_reject_the_test_ca(tls_dir):
                               f"broker's certificate did not verify: ")
     assert "self-signed certificate in certificate chain" in message
     assert "ssl_context=" in message
+    assert raised.value.untrusted
+    assert raised.value.reason == "self-signed certificate in certificate chain"
     assert isinstance(raised.value.__cause__, ssl.SSLCertVerificationError)
 
 
@@ -99,6 +101,7 @@ def test_host_name_mismatch_is_rejected(tls_dir):
         f"failed: the broker's certificate did not verify: IP address "
         f"mismatch, certificate is not valid for '127.0.0.1' (connect with a "
         f"host name the certificate lists)")
+    assert not raised.value.untrusted
 
 
 def test_ssl_context_needs_a_tls_uri(tls_dir):

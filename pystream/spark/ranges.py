@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..client import Client
-from ..errors import DataLoss, RequestTimeout
+from ..errors import CertificateVerificationError, DataLoss, RequestTimeout
 from ..tls import check_tls_settings, tls_options
 from ..uri import BrokerAddress, parse_uri
 
@@ -142,12 +142,23 @@ def client_for(broker: Broker, options: dict[str, Any] | None = None) -> Client:
         client = _clients.get(key)
         if client is None or client.closed:
             if isinstance(broker, BrokerRef):
-                client = Client(broker.address(),
-                                **{**broker.connection_options(), **options})
+                client = _client_for_ref(broker, options)
             else:
                 client = Client(broker, **options)
             _clients[key] = client
         return client
+
+
+def _client_for_ref(broker: BrokerRef, options: dict[str, Any]) -> Client:
+    try:
+        return Client(broker.address(),
+                      **{**broker.connection_options(), **options})
+    except CertificateVerificationError as exc:
+        if not exc.untrusted:
+            raise
+        raise exc.with_hint(
+            "name the CA that signed it: the data source option tlsCaFile, "
+            "or BrokerRef(ca_file=...)") from exc.__cause__
 
 
 def stream_bounds(client: Client, stream: str) -> StreamBounds:
