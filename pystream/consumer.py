@@ -25,8 +25,9 @@ import pyarrow.compute as pc
 from . import protocol as P
 from ._core import Chunk, schema
 from .credit import Credit, CreditController, subscribe_credit
-from .errors import (RECOVERABLE, ConnectionClosed, ConnectionLost, NoOffset,
-                     StreamDoesNotExist, StreamError)
+from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
+                     ConnectionLost, NoOffset, StreamDoesNotExist, StreamError,
+                     next_retry_delay)
 from .offsets import Offset, OffsetTracker, offset_spec
 
 if TYPE_CHECKING:
@@ -699,8 +700,6 @@ class Consumer:
             conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
                                                now, self._properties()),
                          f"subscribe to {sub.stream!r}")
-            if after:
-                conn.send(P.Credit(sub_id, after))
         except BaseException:
             with self._cond:
                 sub.live = False
@@ -708,6 +707,14 @@ class Consumer:
             self.client.pool.release(conn)
             sub.connection = None
             raise
+        if after:
+            try:
+                conn.send(P.Credit(sub_id, after))
+            except StreamError:
+                # Deliveries on the initial credit may already have broken
+                # the connection: ``sub`` heard of it, and recovers or ends
+                # after handing over what it read.
+                pass
 
     def _properties(self) -> dict[str, str]:
         props: dict[str, str] = {}
@@ -776,7 +783,7 @@ class Consumer:
     def _maintain(self) -> None:
         """Resubscribe broken subscriptions with backoff; pick up new
         partitions of a super stream."""
-        delay = 0.1
+        delay = FIRST_RETRY_DELAY
         next_refresh = time.monotonic() + self.partition_refresh_seconds
         while True:
             with self._cond:
@@ -825,7 +832,7 @@ class Consumer:
                     self._end(ConnectionLost(
                         f"stream {sub.stream!r} unreachable for "
                         f"{self.recovery_timeout:g} s: {exc}"), after_queue=True)
-                return min(delay * 2, 5.0)
+                return next_retry_delay(delay)
             except StreamError as exc:
                 self._end(exc, after_queue=True)
                 return delay
@@ -834,7 +841,7 @@ class Consumer:
                 if not self._broken_subs:
                     self._broken_since = None
             log.info("resubscribed to %r at %s", sub.stream, sub.resume_spec())
-        return 0.1
+        return FIRST_RETRY_DELAY
 
     def _refresh_partitions(self) -> None:
         try:

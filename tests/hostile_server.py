@@ -33,11 +33,16 @@ def records_chunk(first: int, count: int, body: bytes = b"x" * 100) -> bytes:
 
 class HostileServer:
     """Accepts any number of connections; each is answered by the script
-    below until a consumer subscribes, then ``fault`` takes over."""
+    below until a consumer subscribes, then ``fault`` takes over: once the
+    client grants its credit after subscribing, as a broker's deliveries
+    would, or with ``eager``, right after the subscribe answer (a broker may
+    deliver on the Subscribe's initial credit before the client's Credit
+    arrives)."""
 
     def __init__(self, fault: Fault, *, frame_max: int = 1 << 20,
-                 heartbeat: int = 60) -> None:
+                 heartbeat: int = 60, eager: bool = False) -> None:
         self.fault = fault
+        self.eager = eager
         self.frame_max = frame_max
         self.heartbeat = heartbeat
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -75,14 +80,17 @@ class HostileServer:
                         continue  # the client's Tune answer
                     cmd = P.decode(frame)
                     if isinstance(cmd, P.Subscribe):
+                        if self.eager:  # the answer and the fault in one read
+                            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
                         conn.sendall(P.encode(P.SubscribeResponse(cmd.correlation_id, OK)))
                         subscribed = cmd
-                        continue
-                    # The client grants its credit right after subscribing;
-                    # the fault starts then, as a broker's deliveries would.
-                    if isinstance(cmd, P.Credit) and subscribed is not None:
+                        if not self.eager:
+                            continue
+                    if subscribed is not None and (
+                            self.eager or isinstance(cmd, P.Credit)):
                         self.subscriptions += 1
                         self.fault(conn, subscribed, self.subscriptions)
+                        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
                         subscribed = None
                         continue
                     for answer in self._answer(cmd):

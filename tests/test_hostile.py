@@ -106,6 +106,24 @@ def test_fault_after_good_chunks(extra, error):
     assert isinstance(raised, error), raised
 
 
+@pytest.mark.parametrize("extra, error", [
+    (b"\xff\xff\xff\xff" + b"\0" * 64, pystream.FrameTooLarge),
+    (frame(struct.pack(">HH", 0x0077, 1) + b"\0" * 8), pystream.ProtocolError),
+])
+def test_fault_before_the_clients_credit(extra, error):
+    """A delivery on the Subscribe's initial credit, then the fault, in the
+    subscribe answer's segment, so before the client's first Credit: the
+    consumer is made, and its reader gets the records, then the error."""
+    def fault(conn, sub, n):
+        conn.sendall(golden.deliver(records_chunk(0, 10),
+                                    subscription_id=sub.subscription_id) + extra)
+
+    with HostileServer(fault, eager=True) as server:
+        offsets, raised = consume(server.uri)
+    assert offsets == list(range(10))
+    assert isinstance(raised, error), raised
+
+
 def test_size_prefix_of_4_gib_allocates_nothing():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with HostileServer(after_good(b"\xff\xff\xff\xff" + b"\0" * 64)) as server:
