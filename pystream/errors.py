@@ -210,3 +210,13 @@ def error_for_code(code: int, context: str) -> StreamError:
 #: (with backoff, up to their recovery timeout) and give up on anything else.
 RECOVERABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
                StreamNotAvailable, OSError)
+
+#: The wait before the first retry; it doubles after each failed one, up to
+#: the cap (a node restart takes about 10 s: a lower cap hammers it, a higher
+#: one leaves the application waiting after it is back).
+FIRST_RETRY_DELAY = 0.1
+MAX_RETRY_DELAY = 5.0
+
+
+def next_retry_delay(delay: float) -> float:
+    return min(delay * 2, MAX_RETRY_DELAY)

@@ -26,8 +26,9 @@ import pyarrow.compute as pc
 from . import protocol as P
 from ._core import encode_publish, murmur3_32, schema
 from .consumer import take_rows
-from .errors import (RECOVERABLE, ConnectionClosed, ConnectionLost,
-                     PublishError, RequestTimeout, StreamError)
+from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
+                     ConnectionLost, PublishError, RequestTimeout, StreamError,
+                     next_retry_delay)
 
 if TYPE_CHECKING:
     from .client import Client
@@ -386,7 +387,7 @@ class Producer:
     def _recover(self) -> None:
         self._disconnect(delete=False)
         started = time.monotonic()
-        delay = 0.1
+        delay = FIRST_RETRY_DELAY
         while not self._closed:
             try:
                 with self._send_lock:
@@ -410,7 +411,7 @@ class Producer:
                     return
                 self._disconnect(delete=False)
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = next_retry_delay(delay)
             except Exception as exc:  # e.g. the stream deleted, a password changed
                 self._fail(exc)
                 return
