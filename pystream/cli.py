@@ -33,6 +33,7 @@ import queue
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -50,10 +51,12 @@ import pyarrow.compute as pc
 import pystream
 from pystream.spark import StreamBounds, read_range, stream_bounds
 from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
-from pystream.tls import SASL_MECHANISMS, tls_options
+from pystream.tls import (SASL_MECHANISMS, certificate_error, tls_context,
+                          tls_options)
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 MANAGEMENT_PORT = 15672
+MANAGEMENT_TLS_PORT = 15671
 #: ``pystream bench`` runs the scripts of the source checkout (a wheel has none).
 BENCH_DIR = pathlib.Path(pystream.__file__).resolve().parent.parent / "bench"
 BENCH_SCRIPTS = {"latency": "bench_latency.py", "throughput": "bench_consume.py"}
@@ -203,8 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--management-url", type=management_url,
         default=os.environ.get("PYSTREAM_MANAGEMENT_URL"),
         help="the management API (default: $PYSTREAM_MANAGEMENT_URL, else "
-        f"http://<broker host>:{MANAGEMENT_PORT}); the URI's user and "
-        "password log in")
+        f"http://<broker host>:{MANAGEMENT_PORT}, or "
+        f"https://<broker host>:{MANAGEMENT_TLS_PORT} for a TLS URI); the "
+        "URI's user and password log in, and an https URL is verified with "
+        "--ca-file (and --cert-file, --key-file)")
     streams.add_argument("--json", action="store_true", help="print JSON")
 
     create = command("create", cmd_create, "create a stream")
@@ -664,11 +669,15 @@ def _endpoint(endpoint: pystream.Endpoint | None) -> str | None:
 def cmd_streams(args: argparse.Namespace) -> int:
     address = pystream.parse_uri(args.uri)
     host = f"[{address.host}]" if ":" in address.host else address.host
-    base = args.management_url or f"http://{host}:{MANAGEMENT_PORT}"
+    base = args.management_url or (
+        f"https://{host}:{MANAGEMENT_TLS_PORT}" if address.tls
+        else f"http://{host}:{MANAGEMENT_PORT}")
+    context = (tls_context(args.ca_file, args.cert_file, args.key_file)
+               if base.startswith("https://") else None)
     queues = _management_get(
         base, f"/api/queues/{quote(address.virtual_host, safe='')}"
         "?columns=name,type,messages,message_bytes,segments",
-        address.username, address.password)
+        address.username, address.password, context)
     streams = sorted(({"name": q["name"], "messages": q.get("messages"),
                        "segments": q.get("segments"),
                        "size": q.get("message_bytes")}
@@ -690,17 +699,20 @@ def cmd_streams(args: argparse.Namespace) -> int:
     return 0
 
 
-def _management_get(base: str, path: str, user: str, password: str) -> Any:
+def _management_get(base: str, path: str, user: str, password: str,
+                    context: ssl.SSLContext | None) -> Any:
     token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
     request = urllib.request.Request(base + path,
                                      headers={"Authorization": f"Basic {token}"})
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
             return json.load(answer)
     except urllib.error.HTTPError as exc:
         raise CliError(f"the management API at {base} answered {exc.code} "
                        f"{exc.reason} for user {user!r}") from None
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLCertVerificationError):
+            raise certificate_error(base, exc.reason) from None
         raise CliError(f"cannot reach the management API at {base}: "
                        f"{getattr(exc.reason, 'strerror', None) or exc.reason} "
                        "(is the management plugin on? see --management-url)"

@@ -25,20 +25,16 @@ from typing import Any, Callable, Protocol
 
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
-from .errors import (CertificateVerificationError, ConnectionClosed,
-                     ConnectionLost, ProtocolError,
+from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
                      RequestTimeout, SaslMechanismNotSupported, StreamError,
                      error_for_code)
 from .features import Features
+from .tls import certificate_error
 from .uri import BrokerAddress
 
 log = logging.getLogger("pystream")
 
 FrameHandler = Callable[[memoryview], None]
-
-# OpenSSL's verify codes for a certificate that does not name the host dialled.
-X509_V_ERR_HOSTNAME_MISMATCH = 62
-X509_V_ERR_IP_ADDRESS_MISMATCH = 64
 
 
 class SubscriptionSink(Protocol):
@@ -76,21 +72,6 @@ CLIENT_COMMAND_VERSIONS = (
     P.CommandVersion(P.Publish.KEY, 1, 2),
     P.CommandVersion(P.Deliver.KEY, 1, 2),
 )
-
-
-def _verify_failure(where: str, exc: ssl.SSLCertVerificationError
-                    ) -> CertificateVerificationError:
-    """OpenSSL's reason, with what to change: a name check or a trust
-    failure each have one fix."""
-    reason = (exc.verify_message or str(exc)).rstrip(".")
-    if exc.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH,
-                           X509_V_ERR_IP_ADDRESS_MISMATCH):
-        return CertificateVerificationError(
-            where, reason, "connect with a host name the certificate lists",
-            untrusted=False)
-    return CertificateVerificationError(
-        where, reason, "pass ssl_context= an ssl.SSLContext that trusts the "
-        "CA that signed it, e.g. ssl.create_default_context(cafile=...)")
 
 
 def negotiate(client: int, server: int) -> int:
@@ -186,7 +167,7 @@ class Connection:
                     sock, server_hostname=self.address.host)
             except ssl.SSLCertVerificationError as exc:
                 sock.close()
-                raise _verify_failure(self.address.uri(), exc) from exc
+                raise certificate_error(self.address.uri(), exc) from exc
             except (ssl.SSLError, OSError) as exc:
                 sock.close()
                 raise ConnectionLost(f"TLS handshake with "

@@ -10,7 +10,13 @@ import re
 import ssl
 from typing import Any
 
+from .errors import CertificateVerificationError
+
 SASL_MECHANISMS = ("PLAIN", "EXTERNAL")
+
+# OpenSSL's verify codes for a certificate that does not name the host dialled.
+X509_V_ERR_HOSTNAME_MISMATCH = 62
+X509_V_ERR_IP_ADDRESS_MISMATCH = 64
 
 
 def tls_context(ca_file: str | None = None, cert_file: str | None = None,
@@ -65,6 +71,21 @@ def tls_options(tls: bool, *, ca_file: str | None = None,
     if tls:
         options["ssl_context"] = tls_context(ca_file, cert_file, key_file)
     return options
+
+
+def certificate_error(where: str, exc: ssl.SSLCertVerificationError
+                      ) -> CertificateVerificationError:
+    """OpenSSL's reason, with what to change: a name check or a trust
+    failure each have one fix."""
+    reason = (exc.verify_message or str(exc)).rstrip(".")
+    if exc.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH,
+                           X509_V_ERR_IP_ADDRESS_MISMATCH):
+        return CertificateVerificationError(
+            where, reason, "connect with a host name the certificate lists",
+            untrusted=False)
+    return CertificateVerificationError(
+        where, reason, "pass ssl_context= an ssl.SSLContext that trusts the "
+        "CA that signed it, e.g. ssl.create_default_context(cafile=...)")
 
 
 def _reason(exc: OSError) -> str:

@@ -111,20 +111,23 @@ def modern_stream(modern, stream_name):
 CACHE = pathlib.Path(os.environ.get("PYSTREAM_BROKER_CACHE")
                      or pathlib.Path.home() / ".cache" / "pystream" / "brokers")
 TLS_PORT = 5551
+MANAGEMENT_TLS_PORT = 15671
 TLS_URI = f"rabbitmq-stream+tls://guest:guest@localhost:{TLS_PORT}/"
 EXTERNAL_URI = f"rabbitmq-stream+tls://localhost:{TLS_PORT}/"
 
 
 def serves_tls(folder: pathlib.Path, wait: float = 0) -> bool:
-    """Whether the TLS port completes a handshake verified by our CA (within
-    ``wait`` seconds)."""
+    """Whether the stream and management TLS ports complete a handshake
+    verified by our CA (within ``wait`` seconds)."""
     context = ssl.create_default_context(cafile=folder / "ca.pem")
     deadline = time.monotonic() + wait
     while True:
         try:
-            with socket.create_connection(("localhost", TLS_PORT), timeout=5) as sock:
-                with context.wrap_socket(sock, server_hostname="localhost"):
-                    return True
+            for port in (TLS_PORT, MANAGEMENT_TLS_PORT):
+                with socket.create_connection(("localhost", port), timeout=5) as sock:
+                    with context.wrap_socket(sock, server_hostname="localhost"):
+                        pass
+            return True
         except OSError:
             if time.monotonic() > deadline:
                 return False
@@ -143,9 +146,10 @@ def broker_command(command: str) -> None:
 @pytest.fixture(scope="session")
 def tls_dir() -> pathlib.Path:
     """The certificates of tests/certificates.py, served by the modern
-    broker on TLS_PORT. The node reads them at start only: a node started
-    before they existed (or with older ones) is restarted, once, since the
-    cache folder outlives test runs."""
+    broker on TLS_PORT and MANAGEMENT_TLS_PORT. The node reads them (and
+    its config) at start only: a node started before they existed, or with
+    an older config, is restarted, once, since the cache folder outlives
+    test runs."""
     folder = ensure_certificates(CACHE / "modern" / "tls")
     if serves_tls(folder):
         return folder
@@ -156,7 +160,7 @@ def tls_dir() -> pathlib.Path:
         broker_command("restart")
         if not serves_tls(folder, wait=30):
             pytest.fail(f"the modern broker does not serve TLS on {TLS_PORT} "
-                        f"with the CA in {folder}")
+                        f"and {MANAGEMENT_TLS_PORT} with the CA in {folder}")
     return folder
 
 

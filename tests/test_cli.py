@@ -391,6 +391,22 @@ def test_tls_wrong_ca_is_one_line(tls_dir, capsys):
     assert b"certificate did not verify" in done.stderr
 
 
+def test_tls_streams_from_the_https_management_api(tls_dir, modern_stream,
+                                                   capsys):
+    """A TLS URI reads the management API over HTTPS (15671), verified with
+    --ca-file; a wrong CA is a one-line certificate error."""
+    ca = str(tls_dir / "ca.pem")
+    status, out, err = run(capsys, "--uri", TLS_URI, "--ca-file", ca,
+                           "streams", "--json")
+    assert status == 0, err
+    assert modern_stream in [s["name"] for s in json.loads(out)]
+    status, out, err = run(capsys, "--uri", TLS_URI, "--ca-file",
+                           str(tls_dir / "wrong-ca.pem"), "streams")
+    assert_one_line_error(status, out, err, "https://localhost:15671",
+                          "certificate did not verify: self-signed",
+                          "(give --ca-file the CA that signed it)")
+
+
 def test_tls_settings_that_cannot_work_are_one_line(capsys, tmp_path):
     for argv, words in [
             (["--uri", "rabbitmq-stream://localhost:5552/", "--ca-file", "ca.pem"],
