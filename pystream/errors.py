@@ -7,6 +7,8 @@ response code in ``code``; errors found in received bytes carry the byte
 
 from __future__ import annotations
 
+import random
+
 
 class StreamError(Exception):
     """Base class of every pystream error."""
@@ -212,11 +214,13 @@ RECOVERABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
                StreamNotAvailable, OSError)
 
 #: The wait before the first retry; it doubles after each failed one, up to
-#: the cap (a node restart takes about 10 s: a lower cap hammers it, a higher
-#: one leaves the application waiting after it is back).
+#: the cap, which bounds how long the application waits after the broker is
+#: back (a refused connect costs the broker next to nothing).
 FIRST_RETRY_DELAY = 0.1
-MAX_RETRY_DELAY = 5.0
+MAX_RETRY_DELAY = 2.0
 
 
 def next_retry_delay(delay: float) -> float:
-    return min(delay * 2, MAX_RETRY_DELAY)
+    """Up to a fifth less at random, so that the clients of a node that
+    comes back do not all dial it at the same moment."""
+    return min(delay * 2, MAX_RETRY_DELAY) * random.uniform(0.8, 1.0)
