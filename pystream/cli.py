@@ -124,8 +124,7 @@ def describe(exc: BaseException, args: argparse.Namespace) -> str:
         text = (f"authentication failed: {address.uri()} refused user "
                 f"{address.username!r} (wrong user name or password)")
     elif isinstance(exc, pystream.CertificateVerificationError):
-        text = str(exc.with_hint("give --ca-file the CA that signed it")
-                   if exc.untrusted else exc)
+        text = str(exc.with_trust_hint("give --ca-file the CA that signed it"))
     elif isinstance(exc, pystream.StreamError):
         # "create stream 'x': PreconditionFailed (response code 0x11)"
         # reads better with the class name in words.

@@ -389,7 +389,7 @@ class Connection:
         if len(first) >= 2 and first[0] in (0x15, 0x16) and first[1] == 0x03:
             raise ProtocolError(
                 f"{self.address.uri()} answered with TLS: use a "
-                f"rabbitmq-stream+tls:// URI (or pass ssl_context=)")
+                f"rabbitmq-stream+tls:// URI")
 
     def _drain(self, reader: StreamDecoder) -> None:
         """Hand every complete frame in the buffer to its subscription or

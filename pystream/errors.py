@@ -40,7 +40,8 @@ class CertificateVerificationError(StreamError):
 
     ``reason`` is OpenSSL's, ``untrusted`` tells a CA problem from a host
     name one, and ``hint`` says what to change, in the Python API's terms;
-    :meth:`with_hint` says it in a front end's (a CLI flag, a Spark option).
+    :meth:`with_trust_hint` says how to trust the CA in a front end's (a
+    CLI flag, a Spark option).
     """
 
     def __init__(self, where: str = "", reason: str = "", hint: str = "", *,
@@ -53,10 +54,12 @@ class CertificateVerificationError(StreamError):
     def __reduce__(self) -> tuple:
         return (type(self), (self.where, self.reason, self.hint), self.__dict__)
 
-    def with_hint(self, hint: str) -> CertificateVerificationError:
-        """The same failure, with another way to say what to change."""
-        return CertificateVerificationError(self.where, self.reason, hint,
-                                            untrusted=self.untrusted)
+    def with_trust_hint(self, hint: str) -> CertificateVerificationError:
+        """An untrusted CA's failure with ``hint`` as the way to trust it; a
+        host name failure as it is (its fix is the same everywhere)."""
+        if not self.untrusted:
+            return self
+        return CertificateVerificationError(self.where, self.reason, hint)
 
 
 class ConnectionClosed(StreamError):

@@ -48,11 +48,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.broker)
 
 
+def run_broker(*args: str, timeout: float = 600) -> str:
+    """Run ``scripts/broker ARGS``; its output, or CalledProcessError
+    (with its stderr) when it fails."""
+    return subprocess.run([str(BROKER_SCRIPT), *args], check=True,
+                          capture_output=True, text=True, timeout=timeout).stdout
+
+
 def broker_ctl(broker: str, *args: str) -> str:
     """Run rabbitmqctl against one of the test brokers."""
-    out = subprocess.run([str(BROKER_SCRIPT), "ctl", broker, *args],
-                         check=True, capture_output=True, text=True, timeout=120)
-    return out.stdout
+    return run_broker("ctl", broker, *args, timeout=120)
 
 
 @pytest.fixture(params=sorted(BROKERS))
@@ -136,11 +141,11 @@ def serves_tls(folder: pathlib.Path, wait: float = 0) -> bool:
 
 def broker_command(command: str) -> None:
     """Run ``scripts/broker COMMAND modern``."""
-    result = subprocess.run([str(BROKER_SCRIPT), command, "modern"],
-                            capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
+    try:
+        run_broker(command, "modern")
+    except subprocess.CalledProcessError as exc:
         pytest.fail(f"scripts/broker {command} modern failed:\n"
-                    f"{result.stderr[-2000:]}")
+                    f"{exc.stderr[-2000:]}")
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ import pyarrow as pa
 
 import pystream
 
-from .conftest import BROKER_SCRIPT, MODERN_URI
+from .conftest import MODERN_URI, run_broker
 
 BODY = 64          # bytes: an 8-byte sequence number, then a pattern of it
 HEARTBEAT = 2      # seconds; the client declares a silent peer lost after 2
@@ -68,11 +67,6 @@ def rows_of(column: pa.Array) -> np.ndarray:
         raise AssertionError(f"a body of {lengths[lengths != BODY][0]} bytes")
     data = np.frombuffer(data_buffer, np.uint8)
     return data[offsets[:-1, None] + np.arange(BODY)]
-
-
-def broker(*args: str) -> None:
-    subprocess.run([str(BROKER_SCRIPT), *args], check=True,
-                   capture_output=True, timeout=300)
 
 
 @dataclass
@@ -238,13 +232,13 @@ class Soak:
             kind = FAULTS[n % len(FAULTS)]
             began = self.now()
             if kind == "close":
-                broker("ctl", "modern", "close_all_connections", "soak")
+                run_broker("ctl", "modern", "close_all_connections", "soak")
             elif kind == "pause":
-                broker("pause", "modern")
+                run_broker("pause", "modern")
                 time.sleep(PAUSE)
-                broker("resume", "modern")
+                run_broker("resume", "modern")
             else:
-                broker("restart", "modern")
+                run_broker("restart", "modern")
             report.faults.append(Fault(kind, began, self.now() - began))
             n += 1
 

@@ -14,7 +14,7 @@ import pystream
 from pystream import protocol as P
 from pystream.uri import parse_uri
 
-from .conftest import BROKER_SCRIPT, BROKERS, MODERN_URI, broker_ctl
+from .conftest import BROKERS, MODERN_URI, broker_ctl, run_broker
 
 EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10."}
 
@@ -258,13 +258,13 @@ def test_silent_broker_is_detected(broker):
     c = pystream.connect(BROKERS[broker], heartbeat=1)
     conn = c.connection
     try:
-        subprocess.run([str(BROKER_SCRIPT), "pause", broker], check=True)
+        run_broker("pause", broker)
         started = time.monotonic()
         with pytest.raises(pystream.ConnectionLost, match="two heartbeat"):
             c.stream_exists("x")
         assert time.monotonic() - started < 5
     finally:
-        subprocess.run([str(BROKER_SCRIPT), "resume", broker], check=True)
+        run_broker("resume", broker)
     assert not conn.is_open
     assert not c.stream_exists("x")  # the broker is back: the client reconnects
     c.close()

@@ -35,7 +35,7 @@ import pytest
 import pystream
 from pystream.pool import Endpoint
 
-from .conftest import BROKER_SCRIPT
+from .conftest import BROKER_SCRIPT, run_broker
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -55,17 +55,12 @@ def node_pid(node: str) -> int:
     return int((cache / node / "node.pid").read_text().split()[0])
 
 
-def broker(*args: str) -> None:
-    subprocess.run([str(BROKER_SCRIPT), *args], check=True,
-                   capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    broker("up", "cluster")
+    run_broker("up", "cluster")
     yield
     # Three Erlang nodes on two shared cores: free them for the other tests.
-    broker("down", "cluster")
+    run_broker("down", "cluster")
 
 
 @dataclass
@@ -197,7 +192,7 @@ def test_node_loss(cluster: None, victim: str, how: str,
             if how == "kill":
                 os.killpg(node_pid(stopped), signal.SIGKILL)
             elif how == "pause":
-                broker("pause", stopped)
+                run_broker("pause", stopped)
             else:
                 stopping = subprocess.Popen([str(BROKER_SCRIPT), "down", stopped],
                                             stdout=subprocess.DEVNULL)
@@ -239,10 +234,10 @@ def test_node_loss(cluster: None, victim: str, how: str,
             if stopped is not None and how == "pause":
                 # Back after the others declared it down, the node stays
                 # partitioned from them (Mnesia): a restart rejoins it.
-                broker("resume", stopped)
-                broker("restart", stopped)
+                run_broker("resume", stopped)
+                run_broker("restart", stopped)
             elif stopped is not None:
-                broker("up", stopped)
+                run_broker("up", stopped)
             client.delete_stream(stream, missing_ok=True)
 
     assert not publisher.errors, publisher.errors

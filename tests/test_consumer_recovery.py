@@ -7,7 +7,6 @@ The large streams are kept between runs (they take seconds to fill)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 
@@ -18,7 +17,7 @@ import pystream
 import pystream.spark
 from pystream import ConnectionLost, Credit
 
-from .conftest import BROKER_SCRIPT, MODERN_URI, broker_ctl
+from .conftest import MODERN_URI, broker_ctl, run_broker
 from .publishers import fill
 
 pytestmark = pytest.mark.broker
@@ -38,11 +37,6 @@ def kept_stream(client: pystream.Client, name: str, count: int,
     return name
 
 
-def broker(*args: str) -> None:
-    subprocess.run([str(BROKER_SCRIPT), *args, "modern"], check=True,
-                   capture_output=True, timeout=300)
-
-
 def test_no_record_lost_or_repeated_across_failures():
     n = 1_000_000
     with pystream.connect(MODERN_URI) as client:
@@ -55,7 +49,7 @@ def test_no_record_lost_or_repeated_across_failures():
                 broker_ctl("modern", "close_all_connections", "test")
                 faults.append("close")
             time.sleep(0.7)
-            broker("restart")
+            run_broker("restart", "modern")
             faults.append("restart")
 
         chunks = []
@@ -81,14 +75,14 @@ def test_broker_away_past_recovery_timeout_raises_connection_lost(stream_name):
         client.create_stream(stream_name)
         consumer = client.consumer(stream_name, offset="first",
                                    recovery_timeout=2)
-        broker("pause")
+        run_broker("pause", "modern")
         try:
             started = time.monotonic()
             with pytest.raises(ConnectionLost):
                 consumer.read(1, timeout=30)
             assert time.monotonic() - started < 15
         finally:
-            broker("resume")
+            run_broker("resume", "modern")
             consumer.close()
         client.delete_stream(stream_name)
 

@@ -89,7 +89,7 @@ def test_deliver_size_limit_is_configurable(modern, stream_name):
     with pystream.connect(MODERN_URI, frame_max=64 << 10,
                           max_deliver_size=128 << 10) as small:
         with small.consumer(stream_name, offset="first") as consumer:
-            with pytest.raises(pystream.FrameTooLarge, match="max_deliver_size") as raised:
+            with pytest.raises(pystream.FrameTooLarge, match="max_deliver_size"):
                 consumer.read(1000, timeout=30)
     with modern.consumer(stream_name, offset="first") as consumer:
         assert consumer.read(1000, timeout=30).num_rows == 1000

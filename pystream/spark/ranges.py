@@ -154,9 +154,7 @@ def _client_for_ref(broker: BrokerRef, options: dict[str, Any]) -> Client:
         return Client(broker.address(),
                       **{**broker.connection_options(), **options})
     except CertificateVerificationError as exc:
-        if not exc.untrusted:
-            raise
-        raise exc.with_hint(
+        raise exc.with_trust_hint(
             "name the CA that signed it: the data source option tlsCaFile, "
             "or BrokerRef(ca_file=...)") from exc.__cause__
 
