@@ -1,7 +1,7 @@
 """Smoke test of an installed pystream, without a broker: the C core loads
 with its native libraries (ISA-L, zlib, lz4, zstd, snappy) and decodes two
 real Deliver frames captured from RabbitMQ 3.10.8 (from
-shared/golden/deliver/rabbitmq-3.10.8-v1: a chunk holding one gzip
+tests/data/golden/deliver/rabbitmq-3.10.8-v1: a chunk holding one gzip
 sub-batch, and one of messages published over AMQP 0-9-1).
 
 Run by the conda recipe's test (conda/meta.yaml) and by

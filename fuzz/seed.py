@@ -1,6 +1,6 @@
 """Write the fuzz seed corpus: each golden Deliver frame and AMQP 1.0
-message, prefixed with the harness's mode byte (see fuzz_decode.c); with
---frames, the Deliver frames alone, as a peer sends them (fuzz_dispatch.py).
+message, prefixed with the harness's mode byte (see decode.c); with
+--frames, the Deliver frames alone, as a peer sends them (dispatch.py).
 
     seed.py GOLDEN_DIR OUT_DIR [--frames]"""
 
@@ -11,6 +11,8 @@ from pathlib import Path
 
 golden, out = Path(sys.argv[1]), Path(sys.argv[2])
 frames_only = "--frames" in sys.argv[3:]
+if not any(golden.glob("deliver/*/frames.bin")):
+    sys.exit(f"seed.py: no golden Deliver captures under {golden}")
 
 
 def put(data: bytes) -> None:

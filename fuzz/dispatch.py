@@ -3,7 +3,7 @@ peer sends, the connection's frame dispatch (the C frame reader, then
 ``protocol.decode`` and the handlers) raises a ``StreamError`` or nothing,
 never another exception.
 
-    .venv/bin/python csrc/fuzz/fuzz_dispatch.py -max_total_time=60 CORPUS_DIR
+    .venv/bin/python fuzz/dispatch.py -max_total_time=60 CORPUS_DIR
 """
 
 from __future__ import annotations
