@@ -47,7 +47,9 @@ setup(
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
-                 "pika", "jinja2", "pyyaml", "atheris"],
+                 "pika", "jinja2", "pyyaml", "atheris",
+                 # compresses the golden captures' snappy, lz4 and zstd sub-batches
+                 "cramjam"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
     },

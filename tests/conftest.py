@@ -36,16 +36,32 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-BROKER_FIXTURES = {"broker", "uri", "client", "modern", "legacy", "stream",
-                   "reader_user", "tls_dir", "cert_user"}
+# Every port a test broker of scripts/broker listens on (stream, TLS, AMQP,
+# management): a test that dials one needs a broker.
+BROKER_PORTS = frozenset({5551, 5552, 5562, 5582, 5571, 5572, 5573,
+                          5672, 5682, 5702, 5691, 5692, 5693,
+                          15671, 15672, 15682, 15702, 15691, 15692, 15693})
 
 
-def pytest_collection_modifyitems(items):
-    """Mark the tests that need a running broker (`-m "not broker"` skips
-    them)."""
-    for item in items:
-        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.broker)
+@pytest.fixture(autouse=True)
+def _unmarked_tests_dial_no_broker(request, monkeypatch):
+    """A test that needs a broker carries the ``broker`` mark itself
+    (``make unit`` runs ``-m "not broker"`` with every broker stopped). One
+    that lacks it and dials a broker's port fails here, saying so, instead
+    of passing only while a broker happens to run."""
+    if request.node.get_closest_marker("broker"):
+        return
+    connect = socket.socket.connect
+
+    def guarded(sock, address):
+        if (sock.family in (socket.AF_INET, socket.AF_INET6)
+                and address[1] in BROKER_PORTS):
+            pytest.fail(f"{request.node.nodeid} dials port {address[1]} of a "
+                        f"test broker but is not marked broker",
+                        pytrace=False)
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
 
 
 def run_broker(*args: str, timeout: float = 600) -> str:

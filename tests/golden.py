@@ -11,7 +11,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "data" / "golden"
-DELIVER_CAPTURES = ("rabbitmq-3.10.8-v1", "rabbitmq-4.0.5-v2")
 
 
 def require(path: Path) -> Path:
@@ -21,6 +20,19 @@ def require(path: Path) -> Path:
                     f"tests/data/golden; scripts/capture-golden remakes the "
                     f"Deliver captures)", pytrace=False)
     return path
+
+
+def deliver_captures() -> tuple[str, ...]:
+    """The capture folders (one per broker version and Deliver version)."""
+    folder = GOLDEN / "deliver"
+    names = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir())
+                  if folder.is_dir() else ())
+    if not names:
+        raise FileNotFoundError(f"no golden Deliver captures in {folder}")
+    return names
+
+
+DELIVER_CAPTURES = deliver_captures()
 
 
 def deliver_frames(capture: str) -> bytes:

@@ -86,6 +86,7 @@ def filled(modern, stream_name):
 
 # --- create, stats, delete, streams -------------------------------------------
 
+@pytest.mark.broker
 def test_create_stats_delete(uri, stream_name, capsys):
     create = ["--uri", uri, "create", stream_name, "--max-age", "7D",
               "--max-length-bytes", "100000000", "--max-segment-size-bytes", "10000000"]
@@ -118,6 +119,7 @@ def test_create_stats_delete(uri, stream_name, capsys):
     assert_one_line_error(status, out, err, f"stream {stream_name!r} does not exist")
 
 
+@pytest.mark.broker
 def test_stats_counts_published_records(modern, filled, capsys):
     status, out, _ = run(capsys, "--uri", MODERN_URI, "stats", filled, "--json")
     stats = json.loads(out)
@@ -126,6 +128,7 @@ def test_stats_counts_published_records(modern, filled, capsys):
     assert stats["last_chunk_id"] >= stats["committed_chunk_id"] > 0
 
 
+@pytest.mark.broker
 def test_streams_lists_a_created_stream(uri, stream, capsys):
     management = MANAGEMENT[pystream.parse_uri(uri).port]
     status, out, _ = run(capsys, "--uri", uri, "streams", "--json",
@@ -139,6 +142,7 @@ def test_streams_lists_a_created_stream(uri, stream, capsys):
     assert any(line.split()[0] == stream for line in out.splitlines()[1:])
 
 
+@pytest.mark.broker
 def test_streams_management_errors(capsys, monkeypatch):
     monkeypatch.setenv("PYSTREAM_MANAGEMENT_URL", "http://localhost:1")
     status, out, err = run(capsys, "streams")
@@ -153,6 +157,7 @@ def test_streams_management_errors(capsys, monkeypatch):
 
 # --- publish and tail ---------------------------------------------------------
 
+@pytest.mark.broker
 def test_publish_then_tail_json(uri, stream, capsys, monkeypatch):
     publish(monkeypatch, capsys, uri, stream, LINES)
     status, out, _ = run(capsys, "--uri", uri, "tail", stream, "--from", "first",
@@ -171,6 +176,7 @@ def test_publish_then_tail_json(uri, stream, capsys, monkeypatch):
     assert all(set(r) >= {"properties", "application_properties"} for r in records)
 
 
+@pytest.mark.broker
 def test_tail_json_renders_optional_columns(modern, modern_stream, capsys):
     with modern.producer(modern_stream) as producer:
         producer.send(b"x", properties={"message_id": "m-1", "user_id": b"guest"},
@@ -184,6 +190,7 @@ def test_tail_json_renders_optional_columns(modern, modern_stream, capsys):
     assert record["application_properties"] == {"color": "red", "n": "3"}
 
 
+@pytest.mark.broker
 def test_tail_table(uri, stream, capsys, monkeypatch):
     publish(monkeypatch, capsys, uri, stream, LINES + [b"x" * 5000])
     status, out, _ = run(capsys, "--uri", uri, "tail", stream,
@@ -197,6 +204,7 @@ def test_tail_table(uri, stream, capsys, monkeypatch):
     assert rows[5].endswith("xxx...") and len(rows[5]) < 300
 
 
+@pytest.mark.broker
 def test_tail_from_a_time_and_next(modern, modern_stream, capsys, monkeypatch):
     publish(monkeypatch, capsys, MODERN_URI, modern_stream, [b"old"])
     time.sleep(1.1)  # chunk timestamps have millisecond resolution
@@ -219,6 +227,7 @@ def test_tail_from_a_time_and_next(modern, modern_stream, capsys, monkeypatch):
     assert (status, out) == (0, "newest\n")
 
 
+@pytest.mark.broker
 def test_publish_and_tail_raw_as_processes(uri, stream):
     lines = LINES + [b"line %d" % i for i in range(25_000)]
     # No newline after the last line: it is still a message.
@@ -232,6 +241,7 @@ def test_publish_and_tail_raw_as_processes(uri, stream):
     assert done.stdout == b"".join(line + b"\n" for line in lines)
 
 
+@pytest.mark.broker
 def test_tail_ctrl_c_exits_quietly(modern_stream):
     process = subprocess.Popen(
         [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI, "tail",
@@ -265,6 +275,7 @@ def test_line_batches_send_slow_input_without_waiting_for_more():
 
 # --- dump ---------------------------------------------------------------------
 
+@pytest.mark.broker
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
 def test_dump_matches_a_direct_read(filled, tmp_path, capsys, suffix):
     target = tmp_path / f"out{suffix}"
@@ -285,6 +296,7 @@ def test_dump_matches_a_direct_read(filled, tmp_path, capsys, suffix):
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
+@pytest.mark.broker
 def test_dump_range_with_progress(filled, tmp_path, capsys):
     target = tmp_path / "part.arrow"
     status, _, err = run(capsys, "--uri", MODERN_URI, "dump", filled,
@@ -304,6 +316,7 @@ def test_dump_range_with_progress(filled, tmp_path, capsys):
         assert pa.ipc.open_file(target).read_all().num_rows == rows
 
 
+@pytest.mark.broker
 def test_interrupted_dump_leaves_no_file(filled, tmp_path, capsys, monkeypatch):
     def one_batch_then_ctrl_c(*args, **kwargs):
         yield from pystream.spark.read_range(*args, **kwargs)
@@ -331,6 +344,7 @@ def test_dump_usage_errors(capsys, tmp_path):
 TLS_URI = f"rabbitmq-stream+tls://guest@localhost:{TLS_PORT}/"  # password: guest
 
 
+@pytest.mark.broker
 def test_tls_publish_tail_stats_dump(tls_dir, modern_stream, capsys,
                                      monkeypatch, tmp_path):
     """PLAIN over TLS, trusting the test CA; the TLS options also work after
@@ -356,6 +370,7 @@ def test_tls_publish_tail_stats_dump(tls_dir, modern_stream, capsys,
     assert pa.ipc.open_file(target).read_all()["body"].to_pylist() == LINES
 
 
+@pytest.mark.broker
 def test_tls_external_with_a_client_certificate(tls_dir, cert_user,
                                                 modern_stream, capsys,
                                                 monkeypatch):
@@ -379,6 +394,7 @@ def test_tls_external_with_a_client_certificate(tls_dir, cert_user,
     assert_one_line_error(status, out, err, "refused user 'nobody'")
 
 
+@pytest.mark.broker
 def test_tls_wrong_ca_is_one_line(tls_dir, capsys):
     status, out, err = run(capsys, "--uri", TLS_URI, "--ca-file",
                            str(tls_dir / "wrong-ca.pem"), "stats", "s")
@@ -391,6 +407,7 @@ def test_tls_wrong_ca_is_one_line(tls_dir, capsys):
     assert b"certificate did not verify" in done.stderr
 
 
+@pytest.mark.broker
 def test_tls_streams_from_the_https_management_api(tls_dir, modern_stream,
                                                    capsys):
     """A TLS URI reads the management API over HTTPS (15671), verified with
@@ -434,6 +451,7 @@ def test_external_refused_names_the_certificate():
 
 # --- errors -------------------------------------------------------------------
 
+@pytest.mark.broker
 def test_wrong_password_is_one_line_without_the_password(capsys):
     bad = "rabbitmq-stream://guest:N0tThePassw0rd@localhost:5552/"
     status, out, err = run(capsys, "--uri", bad, "stats", "anything")
@@ -448,6 +466,7 @@ def test_wrong_password_is_one_line_without_the_password(capsys):
     assert b"N0tThePassw0rd" not in done.stderr
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("argv", [
     ["tail", "{}", "--from", "first"], ["dump", "{}", "--to", "{}.arrow"],
     ["stats", "{}"], ["delete", "{}"], ["publish", "{}"]])
@@ -471,6 +490,7 @@ def test_unreachable_broker_is_one_line(capsys, monkeypatch):
     assert_one_line_error(status, out, err, "no-such-host.invalid")
 
 
+@pytest.mark.broker
 def test_debug_shows_the_traceback(modern, stream_name, capsys):
     with pytest.raises(pystream.StreamDoesNotExist):
         cli.main(["--uri", MODERN_URI, "stats", stream_name, "--debug"])

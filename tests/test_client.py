@@ -19,6 +19,7 @@ from .conftest import BROKERS, MODERN_URI, broker_ctl, run_broker
 EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10."}
 
 
+@pytest.mark.broker
 def test_handshake(client, broker):
     props = client.server_properties
     assert props["product"] == "RabbitMQ"
@@ -31,6 +32,7 @@ def test_handshake(client, broker):
     assert "guest:guest" not in repr(client)
 
 
+@pytest.mark.broker
 def test_tune_takes_the_minimum(uri):
     with pystream.connect(uri, frame_max=65536, heartbeat=5) as c:
         assert (c.connection.frame_max, c.connection.heartbeat) == (65536, 5)
@@ -40,6 +42,7 @@ def test_tune_takes_the_minimum(uri):
         assert c.connection.heartbeat == 60
 
 
+@pytest.mark.broker
 def test_command_versions_only_on_new_brokers(client, broker):
     if broker == "legacy":
         assert client.connection.command_versions == {}
@@ -47,6 +50,7 @@ def test_command_versions_only_on_new_brokers(client, broker):
         assert client.connection.command_versions[P.Publish.KEY][1] >= 2
 
 
+@pytest.mark.broker
 def test_stream_lifecycle(client, stream_name):
     client.create_stream(stream_name, max_length_bytes=10_000_000,
                          max_age="1h", stream_max_segment_size_bytes=1_000_000)
@@ -68,6 +72,7 @@ def test_stream_lifecycle(client, stream_name):
     client.delete_stream(stream_name, missing_ok=True)
 
 
+@pytest.mark.broker
 def test_precondition_failed_on_different_arguments(modern, stream_name):
     modern.create_stream(stream_name, max_age="1h")
     try:
@@ -77,6 +82,7 @@ def test_precondition_failed_on_different_arguments(modern, stream_name):
         modern.delete_stream(stream_name)
 
 
+@pytest.mark.broker
 def test_stream_stats(modern, stream_name):
     modern.create_stream(stream_name)
     try:
@@ -89,6 +95,7 @@ def test_stream_stats(modern, stream_name):
         modern.delete_stream(stream_name)
 
 
+@pytest.mark.broker
 def test_offsets(client, stream):
     with pytest.raises(pystream.NoOffset):
         client.query_offset(stream, "reader")
@@ -103,6 +110,7 @@ def test_offsets(client, stream):
             time.sleep(0.05)
 
 
+@pytest.mark.broker
 def test_publisher_sequence(client, stream):
     assert client.query_publisher_sequence(stream, "writer") == 0
     conn = client.connection
@@ -115,6 +123,7 @@ def test_publisher_sequence(client, stream):
     conn.request(lambda c: P.DeletePublisher(c, 1), "delete publisher")
 
 
+@pytest.mark.broker
 def test_super_stream(modern):
     name = f"super-{uuid.uuid4().hex[:8]}"
     modern.create_super_stream(name, partitions=3)
@@ -136,6 +145,7 @@ def test_super_stream(modern):
         modern.delete_super_stream(regions)
 
 
+@pytest.mark.broker
 def test_legacy_broker_refuses_newer_features_up_front(legacy, stream_name):
     with pytest.raises(pystream.UnsupportedFeature, match="3.11"):
         legacy.stream_stats("anything")
@@ -151,6 +161,7 @@ def test_legacy_broker_refuses_newer_features_up_front(legacy, stream_name):
     assert not legacy.supports("single_active_consumer")
 
 
+@pytest.mark.broker
 def test_wrong_password(uri):
     bad = uri.replace("guest:guest@", "guest:wrong-password@")
     with pytest.raises(pystream.AuthenticationFailure) as info:
@@ -159,12 +170,14 @@ def test_wrong_password(uri):
     assert "wrong-password" not in str(info.value)
 
 
+@pytest.mark.broker
 def test_unknown_vhost(uri):
     with pytest.raises(pystream.VirtualHostAccessFailure) as info:
         pystream.connect(uri + "no-such-vhost")
     assert info.value.code == 0x0C
 
 
+@pytest.mark.broker
 def test_sasl_mechanism_not_offered(uri):
     with pytest.raises(pystream.SaslMechanismNotSupported):
         pystream.connect(uri, sasl_mechanism="NO-SUCH-MECHANISM")
@@ -183,6 +196,7 @@ def reader_user():
     return "pystream-reader:reader-pw"
 
 
+@pytest.mark.broker
 def test_access_refused(uri, reader_user, stream_name):
     with pystream.connect(uri.replace("guest:guest", reader_user)) as c:
         with pytest.raises(pystream.AccessRefused) as info:
@@ -195,6 +209,7 @@ def test_connection_refused_is_connection_lost():
         pystream.connect("rabbitmq-stream://localhost:1/", connect_timeout=2)
 
 
+@pytest.mark.broker
 def test_short_heartbeat_keeps_the_connection(uri):
     with pystream.connect(uri, heartbeat=1) as c:
         assert c.connection.heartbeat == 1
@@ -204,6 +219,7 @@ def test_short_heartbeat_keeps_the_connection(uri):
         assert c.stream_exists("no-such-stream") is False
 
 
+@pytest.mark.broker
 def test_close_by_client(client):
     conn = client.connection
     client.close()
@@ -214,6 +230,7 @@ def test_close_by_client(client):
     client.close()  # twice is fine
 
 
+@pytest.mark.broker
 def test_close_by_broker(broker):
     name = f"close-me-{uuid.uuid4().hex[:8]}"
     c = pystream.connect(BROKERS[broker], connection_name=name)
@@ -230,6 +247,7 @@ def test_close_by_broker(broker):
     c.close()
 
 
+@pytest.mark.broker
 def test_requests_from_many_threads(client):
     results = []
 
@@ -245,6 +263,7 @@ def test_requests_from_many_threads(client):
     assert results == [False] * 160
 
 
+@pytest.mark.broker
 def test_uri_defaults_reach_the_modern_broker():
     if MODERN_URI != "rabbitmq-stream://guest:guest@localhost:5552/":
         pytest.skip("modern broker is not on the default address")
@@ -252,6 +271,7 @@ def test_uri_defaults_reach_the_modern_broker():
         assert c.server_properties["product"] == "RabbitMQ"
 
 
+@pytest.mark.broker
 def test_silent_broker_is_detected(broker):
     """A broker that stops answering (SIGSTOP) is declared lost after two
     heartbeat intervals; pending requests fail instead of hanging."""
@@ -312,6 +332,7 @@ class Relay:
             sock.close()
 
 
+@pytest.mark.broker
 def test_admin_connection_moves_to_another_node_when_its_own_goes(
         modern, modern_stream):
     """The URI's node (here a relay to the modern broker) goes away: the

@@ -19,6 +19,8 @@ from .conftest import MODERN_URI
 from .publishers import (amqp091_url, amqp_message, declare_stream_amqp091,
                          publish)
 
+pytestmark = pytest.mark.broker  # every test here talks to a test broker
+
 N = 5000
 
 

@@ -28,6 +28,8 @@ from .conftest import MODERN_URI
 from .publishers import (amqp091_url, declare_stream_amqp091, publish_amqp091,
                          publish_rbfly, publish_rstream)
 
+pytestmark = pytest.mark.broker  # every test here talks to a test broker
+
 UTC = dt.timezone.utc
 COLUMNS = ["properties", "application_properties", "message_annotations", "header"]
 PROPERTY_FIELDS = ("message_id", "user_id", "to", "subject", "reply_to",

@@ -32,6 +32,7 @@ def read_all(client, stream, n, **options) -> pa.Table:
     return table
 
 
+@pytest.mark.broker
 def test_send_batch_of_bytes(client, stream):
     bodies = [b"m%d" % i * (i % 5) for i in range(10_000)]
     with client.producer(stream) as producer:
@@ -41,6 +42,7 @@ def test_send_batch_of_bytes(client, stream):
     assert table.column("body").to_pylist() == bodies
 
 
+@pytest.mark.broker
 def test_send_with_properties(client, stream):
     with client.producer(stream, batch_size=7, linger_ms=5) as producer:
         futures = [producer.send(
@@ -61,6 +63,7 @@ def test_send_with_properties(client, stream):
     assert dict(rows[3]["message_annotations"]) == {"x-tag": "t"}
 
 
+@pytest.mark.broker
 def test_record_batch_round_trip(client, stream, stream_name):
     with client.producer(stream) as producer:
         for i in range(3):
@@ -80,6 +83,7 @@ def test_record_batch_round_trip(client, stream, stream_name):
         client.delete_stream(copy)
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd", "none"])
 def test_compressed_sub_batches(client, stream, codec):
     bodies = [b"compressible %d " % i * 10 for i in range(5000)]
@@ -91,6 +95,7 @@ def test_compressed_sub_batches(client, stream, codec):
     assert table.column("offset").to_pylist() == list(range(5000))
 
 
+@pytest.mark.broker
 def test_gzip_is_readable_by_rstream(modern, stream_name):
     import asyncio
 
@@ -127,6 +132,7 @@ def test_gzip_is_readable_by_rstream(modern, stream_name):
         modern.delete_stream(stream_name)
 
 
+@pytest.mark.broker
 def test_filter_values(modern, stream_name):
     modern.create_stream(stream_name)
     try:
@@ -145,6 +151,7 @@ def test_filter_values(modern, stream_name):
         modern.delete_stream(stream_name)
 
 
+@pytest.mark.broker
 def test_legacy_broker_refuses_filter_values(legacy, stream_name):
     legacy.create_stream(stream_name)
     try:
@@ -154,6 +161,7 @@ def test_legacy_broker_refuses_filter_values(legacy, stream_name):
         legacy.delete_stream(stream_name)
 
 
+@pytest.mark.broker
 def test_back_pressure_bounds_messages_in_flight(client, stream):
     with client.producer(stream, max_in_flight=1000) as p:
         peak = 0
@@ -181,6 +189,7 @@ CRASHING_PUBLISHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.broker
 def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
     proc = subprocess.Popen([sys.executable, "-c", CRASHING_PUBLISHER, uri,
                              stream], stdout=subprocess.PIPE, cwd=ROOT,
@@ -198,6 +207,7 @@ def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
     assert table.column("body").to_pylist() == bodies
 
 
+@pytest.mark.broker
 def test_super_stream_routes_by_murmur3(modern, stream_name):
     modern.create_super_stream(stream_name, partitions=3)
     try:
@@ -234,6 +244,7 @@ def test_refused_ids_fail_their_futures():
         batch.message_futures[1].result()
 
 
+@pytest.mark.broker
 def test_producer_resends_after_the_broker_closes_connections(modern, stream_name):
     """A named producer keeps publishing while the broker drops its
     connections: every message lands once, in order."""

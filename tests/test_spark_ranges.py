@@ -49,6 +49,7 @@ def filled(client, stream):
     return stream
 
 
+@pytest.mark.broker
 def test_ranges_read_back_the_whole_stream(uri, filled):
     planned = plan_ranges(uri, [filled], min_partitions=7,
                           min_records_per_partition=1)
@@ -61,12 +62,14 @@ def test_ranges_read_back_the_whole_stream(uri, filled):
     assert bodies == [b"%05d" % i for i in range(N)]
 
 
+@pytest.mark.broker
 def test_range_inside_chunks(uri, filled):
     offsets = [o for b in read_range(uri, filled, 1234, 5678)
                for o in b.column("offset").to_pylist()]
     assert offsets == list(range(1234, 5678))
 
 
+@pytest.mark.broker
 def test_bounds_per_stream(uri, filled):
     assert plan_ranges(uri, [filled], {filled: 100}, {filled: 200}) == [
         OffsetRange(filled, 100, 200)]
@@ -75,11 +78,13 @@ def test_bounds_per_stream(uri, filled):
         plan_ranges(uri, [filled], "newest")
 
 
+@pytest.mark.broker
 def test_range_past_the_end_times_out(uri, filled):
     with pytest.raises(RequestTimeout):
         list(read_range(uri, filled, N - 5, N + 5, timeout=0.5))
 
 
+@pytest.mark.broker
 def test_stored_offsets_at_the_end_do_not_hang_a_range(uri, client, filled):
     """A stored offset writes a tracking chunk at the end of the stream."""
     client.store_offset(filled, "someone", 42)
@@ -138,6 +143,7 @@ def read_planned(broker: BrokerRef, stream: str, **options) -> list[bytes]:
             for body in batch.column("body").to_pylist()]
 
 
+@pytest.mark.broker
 def test_ranges_over_tls(tls_dir, tls_filled):
     """PLAIN over TLS, trusting the test CA named by its path; the ref
     pickles as the path alone."""
@@ -149,6 +155,7 @@ def test_ranges_over_tls(tls_dir, tls_filled):
     assert client is client_for(broker)  # one context and client per process
 
 
+@pytest.mark.broker
 def test_ranges_over_tls_with_external(tls_dir, cert_user, tls_filled, monkeypatch):
     """No password anywhere: every connection logs in as the client
     certificate's CN."""
@@ -166,6 +173,7 @@ def test_ranges_over_tls_with_external(tls_dir, cert_user, tls_filled, monkeypat
     assert seen and all(c["user"] == cert_user and c["ssl"] for c in seen), seen
 
 
+@pytest.mark.broker
 def test_wrong_ca_fails_when_planning(tls_dir):
     """The hint names the settings a Spark user has, not ssl_context=; the
     error pickles whole, as it travels from executors."""

@@ -27,6 +27,8 @@ from pyspark.sql import SparkSession, functions as F  # noqa: E402
 
 from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
 
+pytestmark = pytest.mark.broker  # every test here talks to a test broker
+
 #: The test broker's URI without its password (the data source refuses
 #: one); the password is guest, the default.
 URI = pystream.parse_uri(MODERN_URI).uri()
@@ -91,7 +93,6 @@ def direct(stream, **options) -> pa.Table:
             return consumer.read(10**9, timeout=2.0)
 
 
-@pytest.mark.broker
 def test_batch_read_equals_a_direct_read(spark, million):
     columns = "properties,application_properties"
     df = source(spark, stream=million, minPartitions="4", columns=columns)
@@ -105,7 +106,6 @@ def test_batch_read_equals_a_direct_read(spark, million):
     assert got.column("properties").combine_chunks().field("message_id")[123_456].as_py() == "m123456"
 
 
-@pytest.mark.broker
 def test_schema_is_sparks_own(spark, million):
     df = source(spark, stream=million, columns="message_annotations")
     assert [(f.name, f.dataType.simpleString(), f.nullable) for f in df.schema] == [
@@ -114,7 +114,6 @@ def test_schema_is_sparks_own(spark, million):
         ("message_annotations", "map<string,string>", True)]
 
 
-@pytest.mark.broker
 def test_offsets_and_timestamps_select_a_range(spark, million):
     df = source(spark, stream=million, startingOffsets=json.dumps({million: 1000}),
                 endingOffsets=json.dumps({million: 251_000}), maxRecordsPerPartition="100000")
@@ -128,7 +127,6 @@ def test_offsets_and_timestamps_select_a_range(spark, million):
     assert source(spark, stream=million, startingOffsets="latest").count() == 0
 
 
-@pytest.mark.broker
 def test_super_stream(spark, modern):
     name = f"test-spark-super-{os.getpid()}"
     modern.create_super_stream(name, partitions=3)
@@ -147,7 +145,6 @@ def test_super_stream(spark, modern):
         modern.delete_super_stream(name)
 
 
-@pytest.mark.broker
 def test_bad_options_fail_clearly(spark, million):
     with pytest.raises(Exception, match="holds a password"):
         source(spark, stream=million, uri=MODERN_URI.replace("guest@", "guest:secret@"))
@@ -161,7 +158,6 @@ def test_bad_options_fail_clearly(spark, million):
         source(spark, stream="no-such-stream-here").count()
 
 
-@pytest.mark.broker
 def test_no_password_travels_with_the_plan(spark, million, monkeypatch, tmp_path):
     from pyspark import cloudpickle
 
@@ -203,7 +199,6 @@ def truncated(modern, stream_name):
     modern.delete_stream(stream_name, missing_ok=True)
 
 
-@pytest.mark.broker
 def test_fail_on_data_loss(spark, truncated):
     stream, bounds = truncated
     start = json.dumps({stream: 0})
@@ -216,7 +211,6 @@ def test_fail_on_data_loss(spark, truncated):
         list(read_range(URI, stream, 0, bounds.end, fail_on_data_loss=True))
 
 
-@pytest.mark.broker
 def test_map_in_arrow_over_planned_ranges(spark, million):
     broker = BrokerRef(URI)
     ranges = plan_ranges(broker, [million], min_partitions=4)
@@ -248,7 +242,6 @@ def tls_options(folder, **more: str) -> dict[str, str]:
             "saslMechanism": "external", **more}
 
 
-@pytest.mark.broker
 def test_tls_batch_read_with_external(spark, tls_dir, cert_user, modern,
                                       modern_stream):
     """Each task builds its TLS context from the paths and logs in as the
@@ -262,7 +255,6 @@ def test_tls_batch_read_with_external(spark, tls_dir, cert_user, modern,
     assert sorted(int(b) for b in bodies) == list(range(3000))
 
 
-@pytest.mark.broker
 def test_tls_plan_carries_paths_not_secrets(tls_dir, modern, modern_stream,
                                             monkeypatch):
     """What the driver sends to executors names the TLS files, but holds
@@ -311,7 +303,6 @@ def publish_range(client, stream, lo, hi):
         producer.flush()
 
 
-@pytest.mark.broker
 def test_streaming_micro_batches_see_every_record_once(spark, modern, modern_stream):
     publish_range(modern, modern_stream, 0, 1000)
     table = f"t_{os.getpid()}"
@@ -336,7 +327,6 @@ def test_streaming_micro_batches_see_every_record_once(spark, modern, modern_str
     assert modern.query_offset(modern_stream, "spark-test") in set(seen)
 
 
-@pytest.mark.broker
 def test_available_now_respects_max_offsets_per_trigger(spark, modern, modern_stream):
     for lo in range(0, 3000, 500):
         publish_range(modern, modern_stream, lo, lo + 500)
@@ -350,7 +340,6 @@ def test_available_now_respects_max_offsets_per_trigger(spark, modern, modern_st
     assert spark.sql(f"select count(distinct offset) from {table}").first()[0] == 3000
 
 
-@pytest.mark.broker
 def test_latest_start_skips_what_is_there(spark, modern, modern_stream):
     publish_range(modern, modern_stream, 0, 100)
     table = f"l_{os.getpid()}"
@@ -387,7 +376,6 @@ QUERY = textwrap.dedent("""
 """)
 
 
-@pytest.mark.broker
 def test_killed_query_restarts_from_its_checkpoint_exactly_once(
         spark, modern, modern_stream, tmp_path):
     for lo in range(0, 100_000, 10_000):

@@ -34,6 +34,7 @@ def test_password_is_never_shown():
     assert "sekret" not in a.uri()
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("uri, part", [
     ("amqp://localhost", "scheme"),
     ("rabbitmq-stream://h:notaport/", "port"),
