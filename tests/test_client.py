@@ -12,11 +12,12 @@ import pytest
 
 import pystream
 from pystream import protocol as P
+from pystream.features import FIRST_RELEASE
 from pystream.uri import parse_uri
 
 from .conftest import BROKERS, MODERN_URI, broker_ctl, run_broker
 
-EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10."}
+EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10.", "latest": "4.3."}
 
 
 def test_handshake(client, broker):
@@ -149,6 +150,18 @@ def test_legacy_broker_refuses_newer_features_up_front(legacy, stream_name):
     assert legacy.connection.is_open
     assert not legacy.stream_exists(stream_name)
     assert not legacy.supports("single_active_consumer")
+
+
+def test_features_by_broker(client, broker):
+    """What each test broker is refused up front (pystream/features.py):
+    3.10 every gated feature; 4.0 only what came with 4.3; 4.3 none."""
+    refused = {f for f in FIRST_RELEASE if not client.supports(f)}
+    assert refused == {"legacy": set(FIRST_RELEASE),
+                       "modern": {"resolve_offset_spec"},
+                       "latest": set()}[broker]
+    for feature in refused:
+        with pytest.raises(pystream.UnsupportedFeature, match=client.server_properties["version"]):
+            client.connection.features.require(feature)
 
 
 def test_wrong_password(uri):
