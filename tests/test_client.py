@@ -172,6 +172,21 @@ def test_wrong_password(uri):
     assert "wrong-password" not in str(info.value)
 
 
+def test_password_longer_than_a_pre_open_frame(uri, broker):
+    """A 10 kB password (say an OAuth2 token) makes a SaslAuthenticate frame
+    over 8192 bytes: 3.10 and 4.0 check it and refuse the password; 4.3
+    closes the socket unanswered (stream.initial_frame_max), which
+    pystream explains."""
+    long = uri.replace("guest:guest@", "guest:" + "p" * 10_000 + "@")
+    if broker == "latest":
+        with pytest.raises(pystream.ConnectionLost,
+                           match="10026 bytes.*initial_frame_max"):
+            pystream.connect(long)
+    else:
+        with pytest.raises(pystream.AuthenticationFailure):
+            pystream.connect(long)
+
+
 def test_unknown_vhost(uri):
     with pytest.raises(pystream.VirtualHostAccessFailure) as info:
         pystream.connect(uri + "no-such-vhost")
