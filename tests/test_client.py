@@ -90,6 +90,20 @@ def test_stream_stats(modern, stream_name):
         modern.delete_stream(stream_name)
 
 
+def test_stream_stats_of_4_3_add_the_committed_offset(latest, stream_name):
+    """4.3 adds ``committed_offset`` (of the last committed record) to the
+    chunk ids 4.0 gives; pystream passes every field through."""
+    latest.create_stream(stream_name)
+    try:
+        with latest.producer(stream_name) as producer:
+            producer.send_batch([b"x"] * 10).result(30)
+        assert latest.stream_stats(stream_name) == {
+            "first_chunk_id": 0, "last_chunk_id": 0, "committed_chunk_id": 0,
+            "committed_offset": 9}
+    finally:
+        latest.delete_stream(stream_name)
+
+
 def test_offsets(client, stream):
     with pytest.raises(pystream.NoOffset):
         client.query_offset(stream, "reader")
