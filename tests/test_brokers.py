@@ -5,8 +5,9 @@ Checked with `ss` for every process of every node the script started
 (beam.smp, epmd, erl_child_setup, inet_gethost...), and for a rabbitmqctl
 while it runs. The cluster's nodes are checked when they are up (the
 cluster test starts them; this test does not, as a cluster takes a minute
-to form); their stream replication listeners are the exception: RabbitMQ
-(osiris) opens them on every interface and has no setting to bind them.
+to form); their stream replication listeners are the exception: a replica
+listens for its leader on every interface until the leader connects, a
+moment later, and RabbitMQ (osiris) has no setting to bind it over TCP.
 """
 
 from __future__ import annotations
