@@ -73,6 +73,10 @@ CLIENT_COMMAND_VERSIONS = (
     P.CommandVersion(P.Deliver.KEY, 1, 2),
 )
 
+# RabbitMQ 4.3 closes the socket, unanswered, on a frame over 8192 bytes
+# before the connection is open (its stream.initial_frame_max default).
+PRE_OPEN_FRAME_MAX = 8192
+
 
 def negotiate(client: int, server: int) -> int:
     """Tune negotiation: 0 means no limit on either side; else the minimum."""
@@ -207,9 +211,21 @@ class Connection:
         else:
             data = b""
             context = f"authenticate with {self.sasl_mechanism}"
-        self.request(
-            lambda c: P.SaslAuthenticate(c, self.sasl_mechanism, data),
-            context, timeout=timeout)
+        try:
+            self.request(
+                lambda c: P.SaslAuthenticate(c, self.sasl_mechanism, data),
+                context, timeout=timeout)
+        except ConnectionLost as exc:
+            # Key, version, correlation id and the two length prefixes.
+            size = 14 + len(self.sasl_mechanism) + len(data)
+            if size <= PRE_OPEN_FRAME_MAX:
+                raise
+            raise ConnectionLost(
+                f"{context}: the broker closed the connection; the "
+                f"SaslAuthenticate frame ({size} bytes: a long password or "
+                f"token?) is over the {PRE_OPEN_FRAME_MAX} bytes RabbitMQ "
+                f"4.3+ accepts before a connection is open "
+                f"(stream.initial_frame_max)") from exc
 
         try:
             tune = self._tune.result(timeout)

@@ -1,7 +1,9 @@
-"""Shared fixtures: the two real brokers that `scripts/broker up` starts.
+"""Shared fixtures: the three real brokers that `scripts/broker up` starts.
 
-Tests find them through PYSTREAM_TEST_URI (RabbitMQ 4.0, default port 5552)
-and PYSTREAM_TEST_LEGACY_URI (RabbitMQ 3.10, default port 5562).
+Tests find them through PYSTREAM_TEST_URI (RabbitMQ 4.0, default port 5552),
+PYSTREAM_TEST_LEGACY_URI (RabbitMQ 3.10, default port 5562) and
+PYSTREAM_TEST_LATEST_URI (RabbitMQ 4.3, default port 5582). What the tests
+create there is removed when the suite ends (tests/leftovers.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 import pystream
 
+from . import leftovers
 from .certificates import CLIENT_CN, ensure_certificates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -30,7 +33,13 @@ MODERN_URI = os.environ.get("PYSTREAM_TEST_URI",
                             "rabbitmq-stream://guest:guest@localhost:5552/")
 LEGACY_URI = os.environ.get("PYSTREAM_TEST_LEGACY_URI",
                             "rabbitmq-stream://guest:guest@localhost:5562/")
-BROKERS = {"modern": MODERN_URI, "legacy": LEGACY_URI}
+LATEST_URI = os.environ.get("PYSTREAM_TEST_LATEST_URI",
+                            "rabbitmq-stream://guest:guest@localhost:5582/")
+BROKERS = {"modern": MODERN_URI, "legacy": LEGACY_URI, "latest": LATEST_URI}
+# Each broker's management API (HTTP, guest from localhost only).
+MANAGEMENT = {"modern": "http://localhost:15672",
+              "legacy": "http://localhost:15682",
+              "latest": "http://localhost:15702"}
 # Spark's Python workers run this interpreter (the venv's), not "python3".
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -78,7 +87,8 @@ def broker_ctl(broker: str, *args: str) -> str:
 
 @pytest.fixture(params=sorted(BROKERS))
 def broker(request) -> str:
-    """Each test using it runs once per broker: 'legacy' and 'modern'."""
+    """Each test using it runs once per broker: 'latest', 'legacy' and
+    'modern'."""
     return request.param
 
 
@@ -102,6 +112,12 @@ def modern():
 @pytest.fixture
 def legacy():
     with pystream.connect(LEGACY_URI) as c:
+        yield c
+
+
+@pytest.fixture
+def latest():
+    with pystream.connect(LATEST_URI) as c:
         yield c
 
 
@@ -207,3 +223,58 @@ def broker_connections(name: str) -> list[dict[str, Any]]:
                      "json", "client_properties", "user", "ssl", "port")
     return [c for c in json.loads(out[out.index("["):])
             if ["connection_name", "longstr", name] in c["client_properties"]]
+
+
+# --- leftovers: what the suite created goes when it ends -----------------
+
+SESSIONS = CACHE / "sessions"
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat): with the pid, it
+    tells a live test session from a pid reused since."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _other_sessions_running(me: pathlib.Path) -> bool:
+    """Whether another test session against these brokers is still running
+    (each registers a file named by its pid, holding its start time)."""
+    for entry in SESSIONS.glob("*"):
+        if entry == me:
+            continue
+        try:
+            started = entry.read_text().strip()
+        except OSError:
+            continue
+        if entry.name.isdigit() and _start_time(int(entry.name)) == started:
+            return True
+        entry.unlink(missing_ok=True)  # a session that died: not running
+    return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_leftovers() -> Iterator[None]:
+    """When the suite ends, also after failures, delete every stream, super
+    stream, user and vhost on the brokers named as the tests name them
+    (tests/leftovers.py), but the streams kept between runs. Several
+    suites may run against the same brokers at once: only the last one to
+    end cleans, so that none deletes another's streams in mid-test.
+    PYSTREAM_TEST_KEEP_LEFTOVERS=1 keeps everything (to look at a failure;
+    or when suites with an older conftest share the brokers)."""
+    SESSIONS.mkdir(parents=True, exist_ok=True)
+    me = SESSIONS / str(os.getpid())
+    me.write_text(_start_time(os.getpid()) or "")
+    try:
+        yield
+    finally:
+        others = _other_sessions_running(me)
+        me.unlink(missing_ok=True)
+        if not others and not os.environ.get("PYSTREAM_TEST_KEEP_LEFTOVERS"):
+            for url in MANAGEMENT.values():
+                api = leftovers.Management(url)
+                if api.reachable():
+                    leftovers.remove(api, leftovers.leftovers(api))

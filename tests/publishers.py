@@ -35,17 +35,19 @@ from pystream.client import Client
 from pystream.uri import parse_uri
 
 # Stream port -> AMQP 0-9-1 port of the test brokers (scripts/broker).
-AMQP091_PORTS = {5552: 5672, 5562: 5682}
+AMQP091_PORTS = {5552: 5672, 5562: 5682, 5582: 5702}
 
 
 def amqp091_url(stream_uri: str) -> str:
     """The AMQP 0-9-1 URL of the broker behind a stream URI:
     ``PYSTREAM_TEST_AMQP091_URI`` (modern) / ``PYSTREAM_TEST_LEGACY_AMQP091_URI``
-    (legacy) when set, else the same host and credentials on the AMQP port
-    that ``scripts/broker`` gives the broker (5672 for 5552, 5682 for 5562)."""
+    (legacy) / ``PYSTREAM_TEST_LATEST_AMQP091_URI`` (latest) when set, else
+    the same host and credentials on the AMQP port that ``scripts/broker``
+    gives the broker (5672 for 5552, 5682 for 5562, 5702 for 5582)."""
     address = parse_uri(stream_uri)
     env = {5552: "PYSTREAM_TEST_AMQP091_URI",
-           5562: "PYSTREAM_TEST_LEGACY_AMQP091_URI"}.get(address.port)
+           5562: "PYSTREAM_TEST_LEGACY_AMQP091_URI",
+           5582: "PYSTREAM_TEST_LATEST_AMQP091_URI"}.get(address.port)
     if env and os.environ.get(env):
         return os.environ[env]
     port = AMQP091_PORTS.get(address.port, 5672)

@@ -22,9 +22,8 @@ import pytest
 import pystream
 from pystream import cli
 
-from .conftest import EXTERNAL_URI, MODERN_URI, TLS_PORT
+from .conftest import EXTERNAL_URI, MANAGEMENT, MODERN_URI, TLS_PORT
 
-MANAGEMENT = {5552: "http://localhost:15672", 5562: "http://localhost:15682"}
 LINES = [b"hello", b"", "caf\u00e9 \u2615".encode(), b"\xff\xfe not utf-8",
          b'{"n": 1}']
 
@@ -129,8 +128,8 @@ def test_stats_counts_published_records(modern, filled, capsys):
 
 
 @pytest.mark.broker
-def test_streams_lists_a_created_stream(uri, stream, capsys):
-    management = MANAGEMENT[pystream.parse_uri(uri).port]
+def test_streams_lists_a_created_stream(broker, uri, stream, capsys):
+    management = MANAGEMENT[broker]
     status, out, _ = run(capsys, "--uri", uri, "streams", "--json",
                          "--management-url", management)
     assert status == 0

@@ -12,11 +12,12 @@ import pytest
 
 import pystream
 from pystream import protocol as P
+from pystream.features import FIRST_RELEASE
 from pystream.uri import parse_uri
 
 from .conftest import BROKERS, MODERN_URI, broker_ctl, run_broker
 
-EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10."}
+EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10.", "latest": "4.3."}
 
 
 @pytest.mark.broker
@@ -96,6 +97,21 @@ def test_stream_stats(modern, stream_name):
 
 
 @pytest.mark.broker
+def test_stream_stats_of_4_3_add_the_committed_offset(latest, stream_name):
+    """4.3 adds ``committed_offset`` (of the last committed record) to the
+    chunk ids 4.0 gives; pystream passes every field through."""
+    latest.create_stream(stream_name)
+    try:
+        with latest.producer(stream_name) as producer:
+            producer.send_batch([b"x"] * 10).result(30)
+        assert latest.stream_stats(stream_name) == {
+            "first_chunk_id": 0, "last_chunk_id": 0, "committed_chunk_id": 0,
+            "committed_offset": 9}
+    finally:
+        latest.delete_stream(stream_name)
+
+
+@pytest.mark.broker
 def test_offsets(client, stream):
     with pytest.raises(pystream.NoOffset):
         client.query_offset(stream, "reader")
@@ -162,12 +178,41 @@ def test_legacy_broker_refuses_newer_features_up_front(legacy, stream_name):
 
 
 @pytest.mark.broker
+def test_features_by_broker(client, broker):
+    """What each test broker is refused up front (pystream/features.py):
+    3.10 every gated feature; 4.0 only what came with 4.3; 4.3 none."""
+    refused = {f for f in FIRST_RELEASE if not client.supports(f)}
+    assert refused == {"legacy": set(FIRST_RELEASE),
+                       "modern": {"resolve_offset_spec"},
+                       "latest": set()}[broker]
+    for feature in refused:
+        with pytest.raises(pystream.UnsupportedFeature, match=client.server_properties["version"]):
+            client.connection.features.require(feature)
+
+
+@pytest.mark.broker
 def test_wrong_password(uri):
     bad = uri.replace("guest:guest@", "guest:wrong-password@")
     with pytest.raises(pystream.AuthenticationFailure) as info:
         pystream.connect(bad)
     assert info.value.code == 0x08
     assert "wrong-password" not in str(info.value)
+
+
+@pytest.mark.broker
+def test_password_longer_than_a_pre_open_frame(uri, broker):
+    """A 10 kB password (say an OAuth2 token) makes a SaslAuthenticate frame
+    over 8192 bytes: 3.10 and 4.0 check it and refuse the password; 4.3
+    closes the socket unanswered (stream.initial_frame_max), which
+    pystream explains."""
+    long = uri.replace("guest:guest@", "guest:" + "p" * 10_000 + "@")
+    if broker == "latest":
+        with pytest.raises(pystream.ConnectionLost,
+                           match="10026 bytes.*initial_frame_max"):
+            pystream.connect(long)
+    else:
+        with pytest.raises(pystream.AuthenticationFailure):
+            pystream.connect(long)
 
 
 @pytest.mark.broker

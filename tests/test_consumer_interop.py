@@ -398,7 +398,7 @@ def amqp091_messages(n: int, stream: str, broker: str) -> tuple[list, list[dict]
     """
     import pika
 
-    modern = broker == "modern"
+    modern = broker != "legacy"   # 4.0 and 4.3 alike
     rng = random.Random(4)
     messages, expected = [], []
     for i in range(n):
@@ -433,8 +433,11 @@ def amqp091_messages(n: int, stream: str, broker: str) -> tuple[list, list[dict]
         messages.append((body, pika.BasicProperties(**p)))
 
         g = p.get
+        reply_to = g("reply_to")
+        if reply_to is not None and broker == "latest":
+            reply_to = "/queues/" + reply_to   # names here need no %-encoding
         mapped = dict(message_id=g("message_id"), user_id=g("user_id") and g("user_id").encode(),
-                      reply_to=g("reply_to"), correlation_id=g("correlation_id"),
+                      reply_to=reply_to, correlation_id=g("correlation_id"),
                       content_type=g("content_type"), content_encoding=g("content_encoding"),
                       creation_time=g("timestamp") and ms_time(g("timestamp") * 1000))
         if modern:

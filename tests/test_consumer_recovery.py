@@ -2,7 +2,8 @@
 closed by the broker, a broker restart, a broker gone past the recovery
 timeout; and memory under a slow application.
 
-The large streams are kept between runs (they take seconds to fill)."""
+The large streams are kept between runs (they take seconds to fill); their
+names are in tests/leftovers.py, and `scripts/broker clean` deletes them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pystream.spark
 from pystream import ConnectionLost, Credit
 
 from .conftest import MODERN_URI, broker_ctl, run_broker
+from .leftovers import MEMORY_STREAM, RECOVERY_STREAM, RSS_STREAM
 from .publishers import fill
 
 pytestmark = pytest.mark.broker
@@ -40,7 +42,7 @@ def kept_stream(client: pystream.Client, name: str, count: int,
 def test_no_record_lost_or_repeated_across_failures():
     n = 1_000_000
     with pystream.connect(MODERN_URI) as client:
-        stream = kept_stream(client, "pystream-test-recovery-1m", n, b"r" * 100)
+        stream = kept_stream(client, RECOVERY_STREAM, n, b"r" * 100)
         faults: list[str] = []
 
         def inject() -> None:
@@ -95,7 +97,7 @@ def rss() -> int:
 def test_slow_application_keeps_memory_bounded():
     budget = 32 << 20
     with pystream.connect(MODERN_URI) as client:
-        stream = kept_stream(client, "pystream-test-memory-1g", 1_000_000,
+        stream = kept_stream(client, MEMORY_STREAM, 1_000_000,
                              b"m" * 1024)
         base = rss()
         peak = base
@@ -122,7 +124,7 @@ def test_rss_stays_flat_from_1m_to_10m_records():
     """A long read keeps no state per record: RSS after 10 M records stays
     within a few MiB of RSS after 1 M."""
     total = 10_000_000
-    name = "pystream-test-rss-10m"
+    name = RSS_STREAM
     with pystream.connect(MODERN_URI) as client:
         if not (client.stream_exists(name)
                 and pystream.spark.stream_bounds(client, name).end >= total):

@@ -1,8 +1,8 @@
 """The limits that protect a reader from its input are on by default and
 configurable, shown on the real modern broker: a gzip sub-batch that
-inflates past the default 64 MiB (a bomb the broker stores without
-looking), a Deliver frame larger than ``max_deliver_size``, and the
-negotiated ``frame_max``."""
+inflates past the default 64 MiB (a bomb RabbitMQ 4.0 stores without
+looking; 4.3 refuses it), a Deliver frame larger than
+``max_deliver_size``, and the negotiated ``frame_max``."""
 
 from __future__ import annotations
 
@@ -23,17 +23,19 @@ MiB = 1 << 20
 
 
 class _Confirms:
-    """The least a publisher needs to be told: its confirm."""
+    """The least a publisher needs to be told: its confirm or its error."""
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
-        self.confirmed = threading.Event()
+        self.answered = threading.Event()
+        self.errors: tuple = ()
 
     def on_confirm(self, frame: memoryview) -> None:
-        self.confirmed.set()
+        self.answered.set()
 
     def on_publish_error(self, errors: tuple) -> None:
-        raise AssertionError(errors)
+        self.errors = errors
+        self.answered.set()
 
     def on_metadata_update(self, code: int) -> None:
         pass
@@ -42,28 +44,49 @@ class _Confirms:
         pass
 
 
-@pytest.fixture
-def bomb(modern, stream_name) -> str:
-    """A stream holding one gzip sub-batch of 100 bodies of 1 MiB of zeros:
-    100 MiB inflated from about 100 kB on the wire. pystream's producer
-    never writes one (its sub-batches are bounded so any fits a frame),
-    so it is encoded here without that bound; the broker stores it as is."""
-    modern.create_stream(stream_name)
-    connection = modern.connection
-    confirms = _Confirms(stream_name)
+def publish_bomb(client: pystream.Client, stream: str) -> tuple:
+    """Publish one gzip sub-batch of 100 bodies of 1 MiB of zeros: 100 MiB
+    inflated from about 100 kB on the wire. pystream's producer never
+    writes one (its sub-batches are bounded so any fits a frame), so it is
+    encoded here without that bound. The broker's publish errors, if any."""
+    connection = client.connection
+    confirms = _Confirms(stream)
     publisher = connection.add_publisher(confirms)
-    connection.request(lambda c: P.DeclarePublisher(c, publisher, "", stream_name),
+    connection.request(lambda c: P.DeclarePublisher(c, publisher, "", stream),
                        "declare a publisher")
     frames, _ = encode_publish(publisher, 1, pa.array([bytes(MiB)] * 100),
                                compression="gzip", sub_batch_size=100,
                                max_frame_size=0)
     assert len(frames) < connection.frame_max
     connection.send_bytes(frames)
-    assert confirms.confirmed.wait(30)
+    assert confirms.answered.wait(30)
     connection.request(lambda c: P.DeletePublisher(c, publisher), "delete publisher")
     connection.remove_publisher(publisher)
+    return confirms.errors
+
+
+@pytest.fixture
+def bomb(modern, stream_name) -> str:
+    """A stream holding the bomb of ``publish_bomb``: RabbitMQ 4.0 stores
+    it as is."""
+    modern.create_stream(stream_name)
+    assert publish_bomb(modern, stream_name) == ()
     yield stream_name
     modern.delete_stream(stream_name)
+
+
+def test_latest_broker_refuses_a_bomb(latest, stream_name):
+    """RabbitMQ 4.3 reads the uncompressed size a sub-batch declares and
+    refuses one past stream.max_uncompressed_sub_entry_batch_size (64 MiB
+    by default, pystream's max_subbatch_size too): PRECONDITION_FAILED,
+    and nothing stored."""
+    latest.create_stream(stream_name)
+    try:
+        errors = publish_bomb(latest, stream_name)
+        assert [(e.publishing_id, e.code) for e in errors] == [(1, 0x11)]
+        assert latest.stream_stats(stream_name)["committed_chunk_id"] == -1
+    finally:
+        latest.delete_stream(stream_name)
 
 
 def test_decompression_limit_is_on_by_default(modern, bomb):

@@ -1,0 +1,187 @@
+# Installation half of scripts/broker (sourced by it): host packages, the
+# Debian mirror, and the debootstrapped Debian roots the nodes run in.
+# Uses CACHE, NODE_PATH, log, die from scripts/broker.
+
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+# debootstrap 1.0.128 (bookworm) has no script for suites newer than trixie;
+# every Debian suite since buster is bootstrapped by the same `sid` script.
+DEBOOTSTRAP_SCRIPTS=/usr/share/debootstrap/scripts
+
+run_logged() {  # run_logged LOGFILE CMD...: quiet unless it fails
+    local logfile=$1
+    shift
+    if ! "$@" </dev/null >>"$logfile" 2>&1; then
+        tail -n 30 "$logfile" >&2
+        die "'$*' failed (full log: $logfile)"
+    fi
+}
+
+# retry TRIES CMD...: a first build downloads a few hundred packages, and one
+# dropped connection must not cost the whole build.
+retry() {
+    local tries=$1 n=1
+    shift
+    until "$@"; do
+        ((n++ < tries)) || return 1
+        log "'$1 ...' failed, trying again ($n of $tries)"
+        sleep 5
+    done
+}
+
+# Package scripts must not start system services: a system RabbitMQ would take
+# the modern node's ports. policy-rc.d answering 101 forbids starts; we only
+# add it for the duration of our install, and only if none exists.
+with_no_service_starts() {
+    local policy=/usr/sbin/policy-rc.d status=0
+    if [[ -e $policy ]]; then
+        "$@"
+        return
+    fi
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    "$@" || status=$?  # callers test our status, which disables set -e in here
+    rm -f "$policy"
+    trap - EXIT
+    return "$status"
+}
+
+apt_install() {  # apt_install PKG...: install the missing ones on the host
+    local missing=() pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
+    done
+    ((${#missing[@]})) || return 0
+    log "installing ${missing[*]} with apt-get (log: $CACHE/apt.log)"
+    export DEBIAN_FRONTEND=noninteractive
+    run_logged "$CACHE/apt.log" apt-get update
+    run_logged "$CACHE/apt.log" with_no_service_starts \
+        apt-get install -y -o DPkg::Lock::Timeout=300 "${missing[@]}"
+}
+
+# debian_mirror: the URI serving the main Debian archive, from apt's sources
+# (one-line and deb822 formats): the entry for the host's own release, with
+# component main, not a security archive, signed (if at all) by Debian's
+# keyring. The same archive serves every suite (bookworm, trixie, forky), so
+# this URI is used for whichever suite a root is built from.
+debian_mirror() {
+    if [[ -n ${PYSTREAM_DEBIAN_MIRROR:-} ]]; then
+        echo "$PYSTREAM_DEBIAN_MIRROR"
+        return
+    fi
+    local codename uri
+    codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+    uri=$(one_line_sources "$codename"; deb822_sources "$codename")
+    uri=${uri%%$'\n'*}
+    [[ -n $uri ]] || die "no Debian archive found in apt sources; set PYSTREAM_DEBIAN_MIRROR"
+    echo "$uri"
+}
+
+one_line_sources() {
+    local files=(/etc/apt/sources.list /etc/apt/sources.list.d/*.list)
+    { cat "${files[@]}" 2>/dev/null || true; } | awk -v want="$1" '
+        $1 != "deb" { next }
+        {
+            i = 2; opts = ""
+            if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) opts = opts " " $(i++); opts = opts " " $(i++) }
+            uri = $i; suite = $(i + 1); main = 0
+            for (j = i + 2; j <= NF && $j !~ /^#/; j++) if ($j == "main") main = 1
+            if (suite == want && main && uri !~ /security/ &&
+                (opts !~ /signed-by=/ || opts ~ /signed-by=[^ ]*debian-archive-keyring/)) print uri
+        }'
+}
+
+deb822_sources() {
+    { cat /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } | awk -v want="$1" '
+        function flush(   u, s, n, m, uris, suites) {
+            if (f["types"] ~ /(^| )deb( |$)/ && f["enabled"] !~ /no/ &&
+                f["components"] ~ /(^| )main( |$)/ && f["uris"] !~ /security/ &&
+                (f["signed-by"] == "" || f["signed-by"] ~ /debian-archive-keyring/)) {
+                n = split(f["uris"], uris, " "); m = split(f["suites"], suites, " ")
+                for (u = 1; u <= n; u++) for (s = 1; s <= m; s++) if (suites[s] == want) print uris[u]
+            }
+            delete f
+        }
+        /^[ \t]*#/ { next }
+        /^[ \t]*$/ { flush(); next }
+        /^[ \t]/ { f[key] = f[key] " " $0; next }
+        {
+            key = tolower(substr($0, 1, index($0, ":") - 1))
+            f[key] = substr($0, index($0, ":") + 1)
+            gsub(/^[ \t]+|[ \t]+$/, "", f[key])
+        }
+        END { flush() }'
+}
+
+# chroot_prefix ROOT STATE: set CHROOT to a command prefix running a program
+# chrooted in ROOT with /proc, /dev, /sys and a node's state folder STATE
+# mounted at /pystream (each node run from a root sees its own there). The
+# mounts live in a private mount namespace, so they vanish with the last
+# process using them: a crashed node or an interrupted build never
+# leaves /dev bound inside the cache (where an rm -rf would reach the host's
+# devices), and `down` has nothing to unmount.
+chroot_prefix() {
+    CHROOT=(unshare --mount --propagation private -- sh -ec '
+        root=$1 state=$2
+        shift 2
+        mount -t proc proc "$root/proc"
+        mount --bind /dev "$root/dev"
+        mount --bind /sys "$root/sys"
+        mount --bind "$state" "$root/pystream"
+        exec chroot "$root" "$@"' sh "$1" "$2")
+}
+
+suite_root() { echo "$CACHE/$1-root"; }
+
+# build_root SUITE: debootstrap SUITE with rabbitmq-server into a temporary
+# folder, renamed into place only when complete: an existing root is a
+# finished one. The Release files of bookworm, trixie and forky are all
+# signed with keys in bookworm's debian-archive-keyring (12/bookworm,
+# 13/trixie): debootstrap must check them.
+build_root() {
+    local suite=$1 root tmp mirror script logfile=$CACHE/build-$1.log
+    root=$(suite_root "$suite")
+    [[ -d $root ]] && return
+    apt_install debootstrap debian-archive-keyring gpgv
+    mirror=$(debian_mirror)
+    script=$DEBOOTSTRAP_SCRIPTS/$suite
+    [[ -e $script ]] || script=$DEBOOTSTRAP_SCRIPTS/sid
+    tmp=$root.tmp
+    mkdir -p "$CACHE/build"
+    : >"$logfile"
+    log "building the Debian $suite root (first run only, a few minutes; log: $logfile)"
+    # A try interrupted half-way leaves a root debootstrap cannot resume:
+    # each try starts afresh (its mounts died with their namespace).
+    retry 3 fresh_debootstrap "$logfile" "$suite" "$tmp" "$mirror" "$script" ||
+        die "debootstrap $suite failed 3 times (log: $logfile)"
+    printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
+    chmod 755 "$tmp/usr/sbin/policy-rc.d"
+    printf '127.0.0.1 localhost\n::1 localhost\n' >"$tmp/etc/hosts"
+    mkdir -p "$tmp/pystream"
+    log "installing rabbitmq-server in the $suite root"
+    chroot_prefix "$tmp" "$CACHE/build"
+    # A testing suite's Release expires a week after it is made; a mirror
+    # that lags (or a snapshot) serves an expired one. Its signature is
+    # still checked: only the freshness check is relaxed, for forky.
+    local apt=("${CHROOT[@]}" env -i PATH="$NODE_PATH" DEBIAN_FRONTEND=noninteractive
+        apt-get -o Acquire::Retries=3)
+    [[ $suite != forky ]] || apt+=(-o Acquire::Check-Valid-Until=false)
+    run_logged "$logfile" "${apt[@]}" update
+    run_logged "$logfile" retry 3 "${apt[@]}" install -y --no-install-recommends rabbitmq-server
+    run_logged "$logfile" "${apt[@]}" clean
+    mv -T "$tmp" "$root"
+    log "$suite root ready: $(chroot "$root" dpkg-query -W -f='rabbitmq-server ${Version}' rabbitmq-server)"
+}
+
+fresh_debootstrap() {  # fresh_debootstrap LOGFILE SUITE TARGET MIRROR SCRIPT
+    rm -rf "$3"
+    run_in_log "$1" unshare --mount --propagation private -- \
+        debootstrap --variant=minbase --force-check-gpg --keyring="$KEYRING" \
+        "$2" "$3" "$4" "$5"
+}
+
+run_in_log() {  # run_in_log LOGFILE CMD...: like run_logged, but returns its status
+    local logfile=$1
+    shift
+    "$@" </dev/null >>"$logfile" 2>&1
+}

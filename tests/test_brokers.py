@@ -1,0 +1,129 @@
+"""The test brokers are safe on a developer's machine: nothing that
+scripts/broker starts listens beyond the loopback interface.
+
+Checked with `ss` for every process of every node the script started
+(beam.smp, epmd, erl_child_setup, inet_gethost...), and for a rabbitmqctl
+while it runs. The cluster's nodes are checked when they are up (the
+cluster test starts them; this test does not, as a cluster takes a minute
+to form); their stream replication listeners are the exception: a replica
+listens for its leader on every interface until the leader connects, a
+moment later, and RabbitMQ (osiris) has no setting to bind it over TCP.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import BROKER_SCRIPT, BROKERS, CACHE
+
+pytestmark = pytest.mark.broker
+
+LOOPBACK = ("127.0.0.1", "[::1]", "::1")
+# Stream replication: osiris listens on 6000-6500 by default; the cluster's
+# nodes get 6100-6399 (scripts/broker cluster_config).
+REPLICATION_PORTS = range(6000, 6501)
+PORTS = {"modern": (5552, 5672, 15672, 25672, 4369),
+         "legacy": (5562, 5682, 15682, 25682, 4379),
+         "latest": (5582, 5702, 15702, 25702, 4399)}
+
+
+def pid_of(name: str, kind: str) -> int | None:
+    """The live process a `NAME/KIND.pid` file of scripts/broker names."""
+    try:
+        pid, start = (CACHE / name / f"{kind}.pid").read_text().split()
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return int(pid) if stat.rsplit(")", 1)[1].split()[19] == start else None
+
+
+def children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def descendants(roots: list[int]) -> set[int]:
+    tree, found, todo = children(), set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += tree.get(pid, [])
+    return found
+
+
+def listeners(pids: set[int]) -> list[tuple[str, int, str]]:
+    """(address, port, line) of each TCP or UDP socket a process in ``pids``
+    listens on."""
+    out = subprocess.run(["ss", "-ltunpH"], check=True, capture_output=True,
+                         text=True).stdout
+    found = []
+    for line in out.splitlines():
+        if not pids & {int(p) for p in re.findall(r"pid=(\d+)", line)}:
+            continue
+        address, port = line.split()[4].rsplit(":", 1)
+        found.append((address, int(port), line))
+    return found
+
+
+def started_nodes() -> dict[str, list[int]]:
+    """The nodes scripts/broker started that run, with their epmd."""
+    nodes = {}
+    for name in [*BROKERS, "cluster1", "cluster2", "cluster3"]:
+        node = pid_of(name, "node")
+        if node is not None:
+            epmd = pid_of("cluster" if name.startswith("cluster") else name, "epmd")
+            nodes[name] = [node] + ([epmd] if epmd else [])
+    return nodes
+
+
+def test_every_listener_of_the_brokers_is_on_loopback():
+    nodes = started_nodes()
+    missing = set(BROKERS) - set(nodes)
+    if missing:
+        pytest.fail(f"not started by scripts/broker: {sorted(missing)} "
+                    f"(run scripts/broker up)")
+    wide = []
+    for name, roots in nodes.items():
+        found = listeners(descendants(roots))
+        print(f"{name}:", *(line for _, _, line in found), sep="\n  ")
+        for address, port, line in found:
+            replication = name.startswith("cluster") and port in REPLICATION_PORTS
+            if address not in LOOPBACK and not replication:
+                wide.append(f"{name}: {line}")
+        if name in PORTS:
+            bound = {port for address, port, _ in found if address == "127.0.0.1"}
+            assert set(PORTS[name]) <= bound, (name, sorted(bound))
+    assert not wide, "listening beyond loopback:\n" + "\n".join(wide)
+
+
+def test_rabbitmqctl_listens_on_loopback_only():
+    """The CLI tools are an Erlang node too, with a distribution listener
+    (35672-35682) of their own while they run."""
+    ctl = subprocess.Popen([str(BROKER_SCRIPT), "ctl", "latest", "eval",
+                            "timer:sleep(6000)."], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        found: list[tuple[str, int, str]] = []
+        while not found and ctl.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            found = [f for f in listeners(descendants([ctl.pid]))
+                     if 35672 <= f[1] <= 35682]
+        print(*(line for _, _, line in found), sep="\n", file=sys.stderr)
+        assert found, "rabbitmqctl never listened"
+        assert all(address in LOOPBACK for address, _, _ in found), found
+    finally:
+        ctl.wait(timeout=60)
