@@ -49,8 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.spark import StreamBounds, read_range, stream_bounds
-from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
+from pystream.ranges import (PROBE_TIMEOUT, StreamBounds, offset_at, read_range,
+                             stream_bounds)
 from pystream.tls import (SASL_MECHANISMS, certificate_error, tls_context,
                           tls_options)
 
