@@ -229,9 +229,13 @@ class Client:
 
     def resolve_offset(self, stream: str, offset: Offset = "next", *,
                        filter: Filter | None = None) -> int:
-        """The offset the broker would start a subscription at for
-        ``offset`` (what ``consumer(offset=...)`` takes) and ``filter``,
-        without subscribing (RabbitMQ 4.3+, ``UnsupportedFeature`` before)."""
+        """Where the broker would start a subscription for ``offset`` (what
+        ``consumer(offset=...)`` takes) and ``filter``, without subscribing:
+        the first offset of the chunk it would send first (for an offset, the
+        chunk holding it, whose records before it a consumer drops; for
+        ``"next"`` or a time after the last chunk, the stream's end).
+        RabbitMQ 4.3+; ``UnsupportedFeature`` before, ``NoOffset`` when the
+        broker cannot resolve it."""
         self.connection.features.require("resolve_offset_spec")
         spec = offset_spec(offset)
         props = filter.properties() if filter is not None else {}

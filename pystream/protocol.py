@@ -572,9 +572,12 @@ class DeleteSuperStreamResponse(Response):
 
 
 # 0x001f (RabbitMQ 4.3+): the offset a subscription with this offset
-# specification and these properties (filter.N, match-unfiltered) would start
-# at. The answer's offset specification is always of type OFFSET_OFFSET; an
-# error answer may carry only its code.
+# specification and these properties (filter.N, match-unfiltered, and
+# chunk_selector "all" to count offset-tracking chunks too) would start at:
+# for an offset, the first offset of the chunk holding it. The broker leaves
+# out an empty properties map, as in Subscribe, and answers every code with
+# an offset specification of type OFFSET_OFFSET (0 on errors; 0x13, NoOffset,
+# when the stream's log cannot resolve it).
 @dataclass(frozen=True)
 class ResolveOffsetSpec(Request):
     KEY = 0x001F
@@ -582,7 +585,7 @@ class ResolveOffsetSpec(Request):
     offset: OffsetSpec
     properties: dict = field(default_factory=dict)
     FIELDS = (CORR, ("stream", STRING), ("offset", OFFSET_SPEC),
-              ("properties", STRING_MAP))
+              ("properties", Trailing(STRING_MAP, {})))
 
 
 @dataclass(frozen=True)

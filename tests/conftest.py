@@ -31,13 +31,16 @@ MODERN_URI = os.environ.get("PYSTREAM_TEST_URI",
 LEGACY_URI = os.environ.get("PYSTREAM_TEST_LEGACY_URI",
                             "rabbitmq-stream://guest:guest@localhost:5562/")
 BROKERS = {"modern": MODERN_URI, "legacy": LEGACY_URI}
+# RabbitMQ 4.3 (Debian forky): ResolveOffsetSpec, committed_offset.
+LATEST_URI = os.environ.get("PYSTREAM_TEST_LATEST_URI",
+                            "rabbitmq-stream://guest:guest@localhost:5582/")
 # Spark's Python workers run this interpreter (the venv's), not "python3".
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 BROKER_FIXTURES = {"broker", "uri", "client", "modern", "legacy", "stream",
-                   "reader_user", "tls_dir", "cert_user"}
+                   "reader_user", "tls_dir", "cert_user", "latest_uri", "latest"}
 
 
 def pytest_collection_modifyitems(items):
@@ -86,6 +89,25 @@ def modern():
 @pytest.fixture
 def legacy():
     with pystream.connect(LEGACY_URI) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def latest_uri() -> str:
+    """The RabbitMQ 4.3 broker's URI; skips only when its port does not
+    answer (it is started by `scripts/broker up latest`)."""
+    address = pystream.parse_uri(LATEST_URI)
+    try:
+        socket.create_connection((address.host, address.port), timeout=2).close()
+    except OSError as exc:
+        pytest.skip(f"the RabbitMQ 4.3 broker ({address.host}:{address.port}, "
+                    f"PYSTREAM_TEST_LATEST_URI) does not answer: {exc}")
+    return LATEST_URI
+
+
+@pytest.fixture
+def latest(latest_uri):
+    with pystream.connect(latest_uri) as c:
         yield c
 
 

@@ -101,14 +101,18 @@ def test_every_command_key_is_covered():
 
 
 def test_resolve_offset_spec_bytes():
-    # As rabbit_stream_core lays them out (4.3): the request is the stream,
-    # an offset specification as Subscribe's and a string map (always
-    # written, even empty); the answer a code, then an offset specification
-    # of type offset (4) with its u64.
+    # As rabbit_stream_core 4.3.6 lays them out: the request is the stream,
+    # an offset specification as Subscribe's and a string map, left out when
+    # empty; the answer a code, then an offset specification of type offset
+    # (4) with its u64.
     frame = P.encode(P.ResolveOffsetSpec(7, "s", P.OffsetSpec(P.OFFSET_OFFSET, 3)))
     assert frame == bytes.fromhex(
-        "00000019" "001f" "0001" "00000007" "0001" "73" "0004" "0000000000000003"
-        "00000000")
+        "00000015" "001f" "0001" "00000007" "0001" "73" "0004" "0000000000000003")
+    frame = P.encode(P.ResolveOffsetSpec(7, "s", P.OffsetSpec(P.OFFSET_LAST),
+                                         {"chunk_selector": "all"}))
+    assert frame == bytes.fromhex(
+        "00000026" "001f" "0001" "00000007" "0001" "73" "0002" "00000001"
+        "000e" + b"chunk_selector".hex() + "0003" + b"all".hex())
     answer = P.decode(bytes.fromhex(
         "801f" "0001" "00000007" "0001" "0004" "0000000000003039"))
     assert answer == P.ResolveOffsetSpecResponse(7, 1, P.OffsetSpec(P.OFFSET_OFFSET, 12345))
@@ -178,6 +182,7 @@ def test_every_cut_is_truncated():
             # (Route) where the old one-string answer reads as an empty name.
             assert type(decoded) in (P.OpenResponse, P.SaslAuthenticateResponse,
                                      P.Subscribe, P.Deliver, P.RouteResponse,
+                                     P.ResolveOffsetSpec,
                                      P.ResolveOffsetSpecResponse), (cmd, cut)
 
 
