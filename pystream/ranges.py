@@ -34,6 +34,7 @@ from .uri import BrokerAddress, parse_uri
 Bound = Union[str, int, dt.datetime]
 
 POLL = 0.2  # seconds between looks at the position while no records come
+FIRST_CHUNK_WAIT = 2.0  # seconds without a first chunk that prove none is due
 PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
@@ -263,9 +264,9 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
         while (consumer.position or start) < end:
             batch = next(iter(consumer.batches(POLL)), None)
             if batch is None:
-                if _past_last_user_chunk(client, stream, consumer.position or start):
-                    return
                 idle += POLL
+                if _past_last_user_chunk(client, stream, start, consumer.position, idle):
+                    return
                 if idle >= timeout:
                     raise RequestTimeout(
                         f"{stream!r}: nothing after offset {consumer.position} "
@@ -280,14 +281,20 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
                 return
 
 
-def _past_last_user_chunk(client: Client, stream: str, position: int) -> bool:
+def _past_last_user_chunk(client: Client, stream: str, start: int,
+                          position: int | None, idle: float) -> bool:
     """Whether every record up to the stream's tail was received. An exact
     end (4.3+) counts the offsets of offset-tracking chunks, which are never
     delivered: once the position is past the first offset of the last user
-    chunk, nothing is left to come before the tail."""
+    chunk, nothing is left to come before the tail. Before any chunk came,
+    a start past that offset may still lie in the last user chunk, which
+    the broker sends at once: only a wait of ``FIRST_CHUNK_WAIT`` says it
+    does not."""
     if not client.supports("resolve_offset_spec"):
         return False
-    return position > client.resolve_offset(stream, "last")
+    if position is None and idle < FIRST_CHUNK_WAIT:
+        return False
+    return (start if position is None else position) > client.resolve_offset(stream, "last")
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],

@@ -125,6 +125,10 @@ def test_exact_tail_counts_a_trailing_tracking_chunk(latest, latest_uri, latest_
     rows = sum(b.num_rows for b in read_range(latest_uri, latest_stream, 0, 11,
                                               timeout=30))
     assert rows == 10 and time.monotonic() - started < 10
+    # a range inside the last user chunk, and one inside the tracking chunk
+    assert [b.column("offset").to_pylist() for b in read_range(
+        latest_uri, latest_stream, 7, 11, timeout=30)] == [[7, 8, 9]]
+    assert list(read_range(latest_uri, latest_stream, 10, 11, timeout=30)) == []
 
 
 def test_older_brokers_keep_the_probe(stream_name):
