@@ -38,7 +38,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11",
     packages=["pystream", "pystream.spark"],
-    package_data={"pystream": ["py.typed", "*.pyi", "*.pyx"]},
+    package_data={"pystream": ["py.typed", "*.pyi", "*.pyx", "*.pxi"]},
     ext_modules=cythonize([core], language_level=3,
                           compiler_directives={"boundscheck": False,
                                                "wraparound": False}),
@@ -47,7 +47,7 @@ setup(
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
-                 "pika", "jinja2", "pyyaml", "atheris",
+                 "pika", "jinja2", "pyyaml", "atheris", "python-qpid-proton",
                  # compresses the golden captures' snappy, lz4 and zstd sub-batches
                  "cramjam"],
         # the latency benchmark's plots

@@ -23,6 +23,8 @@ static int read_payload(uint8_t c, const uint8_t *p, const uint8_t *end,
     uint32_t size;
     v->code = c;
     v->count = 0;
+    v->desc = NULL;
+    v->elem_desc = NULL;
     switch (c >> 4) {
     case 0x4: v->len = 0; break;
     case 0x5: v->len = 1; break;
@@ -87,6 +89,7 @@ static int read_payload(uint8_t c, const uint8_t *p, const uint8_t *end,
             ps_value d;
             if (depth >= MAX_DEPTH || read_value(q + 1, e, &d, depth + 1))
                 return -1;
+            v->elem_desc = q + 1;
             q = d.end;
             if (q >= e)
                 return -1;
@@ -108,12 +111,13 @@ static int read_value(const uint8_t *p, const uint8_t *end, ps_value *v,
     if (p >= end)
         return -1;
     const uint8_t *start = p;
-    if (*p == 0x00) {       /* described: skip the descriptor, keep the value */
+    if (*p == 0x00) {       /* described: the value's fields, and where its descriptor is */
         ps_value d;
         if (depth >= MAX_DEPTH || read_value(p + 1, end, &d, depth + 1) ||
             read_value(d.end, end, v, depth + 1))
             return -1;
         v->start = start;
+        v->desc = p + 1;
         return 0;
     }
     v->start = start;
@@ -131,6 +135,7 @@ int ps_amqp_next_item(const ps_value *c, const uint8_t **it, uint32_t *i,
         if (read_payload(c->elem, q, end, item, 0))
             return -1;
         item->start = q;
+        item->desc = c->elem_desc;
     } else if (read_value(q, end, item, 0)) {
         return -1;
     }
@@ -252,6 +257,8 @@ int ps_amqp_scan(const uint8_t *p, size_t n, ps_amqp_msg *m, ps_error *err)
                 m->message_annotations = v;
             else if (code == PS_SEC_APPLICATION_PROPERTIES)
                 m->application_properties = v;
+            else if (code == PS_SEC_FOOTER)
+                m->footer = v;
             break;
         case PS_SEC_DATA:
             if (v.code != 0xa0 && v.code != 0xb0)
@@ -267,6 +274,8 @@ int ps_amqp_scan(const uint8_t *p, size_t n, ps_amqp_msg *m, ps_error *err)
             if (!is_list(v.code))
                 return ps_fail(err, PS_E_AMQP, (uint64_t)(v.start - p),
                                "AMQP sequence section is not a list");
+            m->seq_sections++;
+            m->seq_total += (uint64_t)(v.end - v.start);
             /* fall through */
         default:            /* amqp-value */
             if (!m->value.start)
@@ -277,17 +286,19 @@ int ps_amqp_scan(const uint8_t *p, size_t n, ps_amqp_msg *m, ps_error *err)
     return 0;
 }
 
-void ps_amqp_concat_data(const uint8_t *p, size_t n, uint8_t *dst)
+void ps_amqp_concat(const uint8_t *p, size_t n, int want, uint8_t *dst)
 {
     const uint8_t *q = p, *end = p + n;
     ps_value v;
     int code;
     /* the message was scanned: every section reads */
     while (q < end && !next_section(&q, end, &code, &v)) {
-        if (code == PS_SEC_DATA && v.code != 0x40) {
-            memcpy(dst, v.p, v.len);
-            dst += v.len;
-        }
+        if (code != want || v.code == 0x40)
+            continue;
+        const uint8_t *from = code == PS_SEC_DATA ? v.p : v.start;
+        size_t len = (size_t)(v.end - from);
+        memcpy(dst, from, len);
+        dst += len;
     }
 }
 
@@ -308,6 +319,8 @@ void ps_amqp_value_body(const ps_amqp_msg *m, const uint8_t **p, uint32_t *n)
 int ps_amqp_int(const ps_value *v, int64_t *out)
 {
     const uint8_t *p = v->p;
+    if (v->desc)
+        return -1;
     switch (v->code) {
     case 0x43: case 0x44: *out = 0; return 0;
     case 0x50: case 0x52: case 0x53: *out = p[0]; return 0;
@@ -327,6 +340,8 @@ int ps_amqp_int(const ps_value *v, int64_t *out)
 
 int ps_amqp_bool(const ps_value *v, int *out)
 {
+    if (v->desc)
+        return -1;
     switch (v->code) {
     case 0x41: *out = 1; return 0;
     case 0x42: *out = 0; return 0;
@@ -337,7 +352,7 @@ int ps_amqp_bool(const ps_value *v, int *out)
 
 int ps_amqp_timestamp(const ps_value *v, int64_t *ms)
 {
-    if (v->code == 0x83) {
+    if (v->code == 0x83 && !v->desc) {
         *ms = (int64_t)ps_be64(v->p);
         return 0;
     }
@@ -346,6 +361,8 @@ int ps_amqp_timestamp(const ps_value *v, int64_t *ms)
 
 int ps_amqp_bytes(const ps_value *v, const uint8_t **p, uint32_t *n)
 {
+    if (v->desc)
+        return -1;
     switch (v->code) {
     case 0xa0: case 0xb0: case 0xa1: case 0xb1: case 0xa3: case 0xb3:
         *p = v->p;
@@ -371,7 +388,8 @@ int ps_amqp_bytes(const ps_value *v, const uint8_t **p, uint32_t *n)
  *   char                  the character, UTF-8
  *   list, array, map      JSON: [..], {"key": ..}, nested values as JSON
  *                         (text types quoted, numbers and booleans bare, null)
- *   described value       its value (the descriptor is dropped)
+ *   described value       JSON {"descriptor": d, "value": v}, both as JSON
+ *                         (so a symbolic descriptor is quoted, a ulong bare)
  * A null value is a null entry, not text: callers check for code 0x40.
  */
 
@@ -532,6 +550,26 @@ static int render_quoted(const ps_value *v, ps_buf *o, int depth)
     return rc;
 }
 
+/* {"descriptor": d, "value": v}.  A described value's fields are those of
+ * its value, read again after the descriptor; an array item's descriptor is
+ * the array's, and the item is the value. */
+static int render_described(const ps_value *v, ps_buf *o, int depth)
+{
+    ps_value d, inner;
+    if (depth >= MAX_DEPTH || read_value(v->desc, v->end, &d, depth + 1))
+        return -1;
+    if (v->start + 1 == v->desc) {
+        if (read_value(d.end, v->end, &inner, depth + 1))
+            return -1;
+    } else {
+        inner = *v;
+        inner.desc = NULL;
+    }
+    return put(o, "{\"descriptor\": ", 15) || render(&d, o, 1, depth + 1) ||
+           put(o, ", \"value\": ", 11) || render(&inner, o, 1, depth + 1) ||
+           put(o, "}", 1);
+}
+
 static int render_compound(const ps_value *v, ps_buf *o, int depth)
 {
     int is_map = v->code == 0xc1 || v->code == 0xd1;
@@ -548,7 +586,7 @@ static int render_compound(const ps_value *v, ps_buf *o, int depth)
         if (ps_amqp_next_item(v, &it, &i, &item))
             return -1;
         if (is_map && i % 2) {      /* a key: always a JSON string */
-            int text = item.code >> 4 == 0xa || item.code >> 4 == 0xb;
+            int text = !item.desc && (item.code >> 4 == 0xa || item.code >> 4 == 0xb);
             if (text && item.code != 0xa0 && item.code != 0xb0) {
                 if (render(&item, o, 1, depth + 1))
                     return -1;
@@ -567,6 +605,8 @@ static int render(const ps_value *v, ps_buf *o, int json, int depth)
     const uint8_t *p = v->p;
     int64_t i;
     int b;
+    if (v->desc)            /* the same text at the top as inside JSON */
+        return render_described(v, o, depth);
     switch (v->code) {
     case 0x40:
         return put(o, "null", 4);

@@ -25,27 +25,36 @@ enum {
     PS_SEC_FOOTER = 0x78,
 };
 
-/* One encoded value.  For described values, `code` and the payload are the
- * underlying value's (the descriptor is dropped). */
+/* One encoded value.  For a described value `code` and the payload are the
+ * underlying value's and `desc` points at the descriptor: no reader drops
+ * it silently (the typed readers refuse described values, the text of one
+ * keeps its descriptor, a body that is one is its whole encoding). */
 typedef struct ps_value {
-    const uint8_t *start;   /* first byte of the encoding (constructor) */
+    const uint8_t *start;   /* first byte of the encoding (constructor, or
+                               the 0x00 of a described value) */
     const uint8_t *end;     /* first byte after the value */
     const uint8_t *p;       /* payload: fixed bytes, variable bytes, or the
                                items of a list/map/array */
+    const uint8_t *desc;    /* described: the descriptor's encoding; else NULL */
+    const uint8_t *elem_desc;   /* array of described elements: their
+                                   descriptor; else NULL */
     uint32_t len;           /* payload length in bytes */
     uint32_t count;         /* list/map/array: number of items */
     uint8_t code;           /* constructor (0x40 null, 0xa1 str8, ...) */
-    uint8_t elem;           /* array: element constructor (descriptor dropped) */
+    uint8_t elem;           /* array: element constructor */
 } ps_value;
 
 /* Sections found in one message (start == NULL: absent). */
 typedef struct ps_amqp_msg {
     ps_value header, message_annotations, properties, application_properties;
+    ps_value footer;
     ps_value value;             /* first amqp-value or amqp-sequence */
     const uint8_t *data;        /* payload of the first data section */
     uint32_t data_len;
     uint32_t data_sections;     /* > 1: the body is their concatenation */
     uint64_t data_total;
+    uint32_t seq_sections;      /* > 1: the body is their lists' encodings */
+    uint64_t seq_total;
 } ps_amqp_msg;
 
 /* Iterate the items of a list, map or array value: *it starts at NULL. */
@@ -56,11 +65,15 @@ int ps_amqp_next_item(const ps_value *c, const uint8_t **it, uint32_t *i,
  * err->position relative to p. */
 int ps_amqp_scan(const uint8_t *p, size_t n, ps_amqp_msg *m, ps_error *err);
 
-/* Append the payloads of every data section of a scanned message. */
-void ps_amqp_concat_data(const uint8_t *p, size_t n, uint8_t *dst);
+/* Append, for every section `code` of a scanned message, the payload of a
+ * data section (PS_SEC_DATA) or the encoding of a sequence's list
+ * (PS_SEC_SEQUENCE). */
+void ps_amqp_concat(const uint8_t *p, size_t n, int code, uint8_t *dst);
 
-/* The body bytes of a message without data sections: the payload of an
- * amqp-value that is a string, symbol or binary, else the value's encoding. */
+/* The body bytes of a message without data sections and with at most one
+ * amqp-sequence: the payload of an amqp-value that is a string, symbol or
+ * binary (not described), else the encoding of the value or the sequence's
+ * list, a described value's descriptor included. */
 void ps_amqp_value_body(const ps_amqp_msg *m, const uint8_t **p, uint32_t *n);
 
 /* Append the value as text (see docs/the rendering in amqp.c).  0, or -1 if
@@ -68,12 +81,12 @@ void ps_amqp_value_body(const ps_amqp_msg *m, const uint8_t **p, uint32_t *n);
 int ps_amqp_render(const ps_value *v, ps_buf *out);
 
 /* Integer, boolean and timestamp readers for typed columns: 0 if the value
- * has a matching type (null excluded), -1 otherwise. */
+ * has a matching type (null and described values excluded), -1 otherwise. */
 int ps_amqp_int(const ps_value *v, int64_t *out);
 int ps_amqp_bool(const ps_value *v, int *out);
 int ps_amqp_timestamp(const ps_value *v, int64_t *ms);
 
-/* The bytes of a string, symbol or binary value: 0 or -1. */
+/* The bytes of a string, symbol or binary value (not described): 0 or -1. */
 int ps_amqp_bytes(const ps_value *v, const uint8_t **p, uint32_t *n);
 
 /* Whether [p, p+n) is valid UTF-8. */

@@ -142,6 +142,9 @@ static int cols_init(ps_batch *b)
     rc |= col_init(&b->ann, PS_KIND_LIST, 0);
     rc |= col_init(&b->ann_keys, PS_KIND_BYTES, 0);
     rc |= col_init(&b->ann_values, PS_KIND_BYTES, 0);
+    rc |= col_init(&b->foot, PS_KIND_LIST, 0);
+    rc |= col_init(&b->foot_keys, PS_KIND_BYTES, 0);
+    rc |= col_init(&b->foot_values, PS_KIND_BYTES, 0);
     b->nregions = 0;
     b->input_region = b->concat_region = -1;
     return rc ? PS_E_NOMEM : PS_OK;
@@ -152,7 +155,8 @@ static int cols_init(ps_batch *b)
     for (int i_ = 0; i_ < PS_PROP_FIELDS; i_++) X(&(b)->prop[i_]); \
     for (int i_ = 0; i_ < PS_HEADER_FIELDS; i_++) X(&(b)->hdr[i_]); \
     X(&(b)->app); X(&(b)->app_keys); X(&(b)->app_values); \
-    X(&(b)->ann); X(&(b)->ann_keys); X(&(b)->ann_values); } while (0)
+    X(&(b)->ann); X(&(b)->ann_keys); X(&(b)->ann_values); \
+    X(&(b)->foot); X(&(b)->foot_keys); X(&(b)->foot_values); } while (0)
 
 int ps_batch_init(ps_batch *b, const ps_options *opt)
 {
@@ -387,6 +391,8 @@ static int fill_columns(ps_batch *b, const ps_amqp_msg *m)
         TRY(fill_map(&b->ann, &b->ann_keys, &b->ann_values, &m->message_annotations));
     if (cols & PS_COL_HEADER)
         TRY(fill_header(b, &m->header));
+    if (cols & PS_COL_FOOTER)
+        TRY(fill_map(&b->foot, &b->foot_keys, &b->foot_values, &m->footer));
     return 0;
 }
 
@@ -395,9 +401,10 @@ static int fill_columns(ps_batch *b, const ps_amqp_msg *m)
     for (int i_ = 0; i_ < PS_PROP_FIELDS; i_++) X(&(b)->prop[i_]); \
     for (int i_ = 0; i_ < PS_HEADER_FIELDS; i_++) X(&(b)->hdr[i_]); \
     X(&(b)->app); X(&(b)->app_keys); X(&(b)->app_values); \
-    X(&(b)->ann); X(&(b)->ann_keys); X(&(b)->ann_values); } while (0)
+    X(&(b)->ann); X(&(b)->ann_keys); X(&(b)->ann_values); \
+    X(&(b)->foot); X(&(b)->foot_keys); X(&(b)->foot_values); } while (0)
 
-typedef struct { col_mark m[2 + PS_PROP_FIELDS + PS_HEADER_FIELDS + 6]; } marks;
+typedef struct { col_mark m[2 + PS_PROP_FIELDS + PS_HEADER_FIELDS + 9]; } marks;
 
 static void mark_all(ps_batch *b, marks *s)
 {
@@ -463,9 +470,10 @@ static int add_body(ps_batch *b, const uint8_t *p, uint32_t n, int region)
     return 0;
 }
 
-/* Body made of several data sections: concatenated into an owned region. */
+/* Body made of several data sections (the payloads) or sequences (the
+ * lists' encodings): concatenated into an owned region. */
 static int add_concat_body(ps_batch *b, const uint8_t *msg, uint32_t n,
-                           uint64_t total)
+                           int code, uint64_t total)
 {
     if (b->concat_region < 0 && (b->concat_region = ps_batch_owned_region(b, 0)) < 0)
         return PS_E_NOMEM;
@@ -475,7 +483,7 @@ static int add_concat_body(ps_batch *b, const uint8_t *msg, uint32_t n,
         return PS_E_OVERFLOW;
     if (ps_buf_reserve(&r->own, total))
         return PS_E_NOMEM;
-    ps_amqp_concat_data(msg, n, r->own.p + at);
+    ps_amqp_concat(msg, n, code, r->own.p + at);
     r->own.len += total;
     r->base = r->own.p;
     r->len = r->own.len;
@@ -548,9 +556,11 @@ static int add_record(ps_batch *b, const uint8_t *p, uint32_t n, int region,
     if (rc)
         return rc;
     if (m.data_sections > 1) {
-        TRY(add_concat_body(b, p, n, m.data_total));
+        TRY(add_concat_body(b, p, n, PS_SEC_DATA, m.data_total));
     } else if (m.data_sections == 1) {
         TRY(add_body(b, m.data, m.data_len, region));
+    } else if (m.seq_sections > 1) {
+        TRY(add_concat_body(b, p, n, PS_SEC_SEQUENCE, m.seq_total));
     } else {
         const uint8_t *vp;
         uint32_t vn;

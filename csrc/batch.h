@@ -8,7 +8,7 @@
  *                     buffer index and an offset into that buffer; or
  *                     binary: int32 offsets + contiguous bytes
  *   properties, header           struct (validity + one child per field)
- *   application_properties, message_annotations   map<string, string>
+ *   application_properties, message_annotations, footer   map<string, string>
  *   error             string, only with the "raw" error policy
  *
  * Data buffers of the views ("regions") are the caller's input (the receive
@@ -27,6 +27,7 @@ enum {
     PS_COL_APPLICATION_PROPERTIES = 2,
     PS_COL_MESSAGE_ANNOTATIONS = 4,
     PS_COL_HEADER = 8,
+    PS_COL_FOOTER = 16,
 };
 
 /* What happens to a message that is not valid AMQP 1.0. */
@@ -75,6 +76,7 @@ typedef struct ps_batch {
     ps_col header, hdr[PS_HEADER_FIELDS];
     ps_col app, app_keys, app_values;
     ps_col ann, ann_keys, ann_values;
+    ps_col foot, foot_keys, foot_values;
     ps_region *regions;
     size_t nregions, cap_regions;
     int input_region;       /* region of the latest input bytes, or -1 */

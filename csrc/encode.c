@@ -154,8 +154,20 @@ typedef struct plan {
     uint8_t has_ann, has_app, has_props;
 } plan;
 
-/* Items of row i of a map; PS_E_PROTOCOL for a null key. */
-static int map_items(const ps_map *m, size_t i, size_t *items, uint32_t *count)
+/* AMQP symbols are ASCII (AMQP 1.0, 1.6.20): strict decoders such as
+ * qpid-proton refuse a message holding any other byte in one. */
+static int is_ascii(const uint8_t *p, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (p[k] & 0x80)
+            return 0;
+    return 1;
+}
+
+/* Items of row i of a map; PS_E_PROTOCOL for a null key, PS_E_AMQP for a
+ * key that is not ASCII when keys are symbols. */
+static int map_items(const ps_map *m, size_t i, int symbol_keys, size_t *items,
+                     uint32_t *count)
 {
     const uint8_t *p;
     size_t n, total = 0;
@@ -163,6 +175,8 @@ static int map_items(const ps_map *m, size_t i, size_t *items, uint32_t *count)
     for (int32_t j = a; j < b; j++) {
         if (!strs_get(&m->keys, (size_t)j, &p, &n))
             return PS_E_PROTOCOL;
+        if (symbol_keys && !is_ascii(p, n))
+            return PS_E_AMQP;
         total += bytes_size(n);
         total += strs_get(&m->values, (size_t)j, &p, &n) ? bytes_size(n) : 1;
     }
@@ -216,8 +230,11 @@ static int prop_size(const ps_props *pr, int f, size_t i, size_t *size)
     int64_t v;
     *size = 0;
     if (pr->text[f].layout != PS_STRS_ABSENT) {
-        if (strs_get(&pr->text[f], i, &p, &n))
+        if (strs_get(&pr->text[f], i, &p, &n)) {
+            if (prop_code[f] == SYM8 && !is_ascii(p, n))
+                return -1;
             *size = bytes_size(n);
+        }
         return 0;
     }
     if (!pr->num[f].values || !ints_get(&pr->num[f], i, &v))
@@ -285,13 +302,16 @@ static int plan_message(const ps_publish *pub, size_t i, plan *m, ps_error *err)
         const ps_props *pr = &pub->properties;
         m->has_ann = ann->offsets && valid(ann->validity, ann->offset + i);
         if (m->has_ann) {
-            if (map_items(ann, i, &m->ann_items, &m->ann_count))
-                return ps_fail(err, PS_E_PROTOCOL, i, "null message annotation key");
+            int rc = map_items(ann, i, 1, &m->ann_items, &m->ann_count);
+            if (rc)
+                return ps_fail(err, PS_E_PROTOCOL, i, rc == PS_E_AMQP
+                               ? "message_annotations: a key is not ASCII (keys are AMQP symbols)"
+                               : "null message annotation key");
             m->size += 3 + compound_size(m->ann_items, m->ann_count);
         }
         m->has_app = app->offsets && valid(app->validity, app->offset + i);
         if (m->has_app) {
-            if (map_items(app, i, &m->app_items, &m->app_count))
+            if (map_items(app, i, 0, &m->app_items, &m->app_count))
                 return ps_fail(err, PS_E_PROTOCOL, i, "null application property key");
             m->size += 3 + compound_size(m->app_items, m->app_count);
         }
@@ -305,7 +325,10 @@ static int plan_message(const ps_publish *pub, size_t i, plan *m, ps_error *err)
                 if (prop_size(pr, f, i, &size))
                     return ps_fail(err, PS_E_PROTOCOL, i, prop_code[f] == UINT_
                                    ? "group_sequence outside the AMQP uint range"
-                                   : "timestamp outside the int64 milliseconds range");
+                                   : prop_code[f] != SYM8
+                                   ? "timestamp outside the int64 milliseconds range"
+                                   : f == 6 ? "content_type is not ASCII (an AMQP symbol)"
+                                   : "content_encoding is not ASCII (an AMQP symbol)");
                 total += size ? size : 1;
                 if (size) {
                     m->prop_items = total;

@@ -87,8 +87,9 @@ typedef struct ps_publish {
  * Errors, with err->position the index of the message at fault:
  * PS_E_FRAME_TOO_LARGE (it cannot fit a frame), PS_E_PROTOCOL (a value the
  * formats cannot carry: null body, filter value above 32767 bytes, group
- * sequence outside uint, timestamp outside int64 ms, null map key, message
- * of 2 GiB), PS_E_NOMEM. */
+ * sequence outside uint, timestamp outside int64 ms, null map key, a
+ * symbol (annotation key, content type or encoding) that is not ASCII,
+ * message of 2 GiB), PS_E_NOMEM. */
 int ps_encode_publish(const ps_publish *p, ps_codecs *codecs, ps_buf *frames,
                       ps_buf *counts, ps_error *err);
 

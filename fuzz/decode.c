@@ -68,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .amqp = !(mode & 2) || (mode & 0x20),
         .body_binary = (mode & 4) != 0,
         .error_policy = (mode >> 3) % 3,
-        .columns = (mode & 0x20) ? 15 : 0,
+        .columns = (mode & 0x20) ? 31 : 0,  /* every optional column */
         .start_offset = (mode & 0x40) ? 5 : 0,
         .max_subbatch = 1 << 20,
         .max_chunk = 4 << 20,

@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 
 Buffer = bytes | bytearray | memoryview
-Column = Literal["properties", "application_properties", "message_annotations", "header"]
+Column = Literal["properties", "application_properties", "message_annotations", "header",
+                 "footer"]
 Body = Literal["view", "binary"]
 ErrorPolicy = Literal["raise", "skip", "raw"]
 Codec = Literal["none", "gzip", "snappy", "lz4", "zstd"]

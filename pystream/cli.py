@@ -49,8 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.spark import StreamBounds, read_range, stream_bounds
-from pystream.spark.ranges import PROBE_TIMEOUT, offset_at
+from pystream.ranges import (PROBE_TIMEOUT, StreamBounds, offset_at, read_range,
+                             stream_bounds)
 from pystream.tls import (SASL_MECHANISMS, certificate_error, tls_context,
                           tls_options)
 
@@ -644,6 +644,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                             if bounds.last_timestamp else None),
         "first_chunk_id": chunks.get("first_chunk_id"),
         "committed_chunk_id": chunks.get("committed_chunk_id"),
+        "committed_offset": chunks.get("committed_offset"),
         "last_chunk_id": chunks.get("last_chunk_id"),
         "leader": _endpoint(info.leader),
         "replicas": [_endpoint(r) for r in info.replicas],
@@ -656,6 +657,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
             value = ", ".join(value) or "none"
         elif value is None:
             value = ("n/a (RabbitMQ 3.11+)" if key.endswith("chunk_id")
+                     else "n/a (RabbitMQ 4.3+)" if key == "committed_offset"
+                     else "not read (the broker gave the end)"
+                     if key == "last_chunk_time" and bounds.end > bounds.first
                      else "none")
         print(f"{key.replace('_', ' ') + ':':<21} {value}")
     return 0

@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .connection import Connection
-from .errors import (RECOVERABLE, StreamAlreadyExists, StreamDoesNotExist,
-                     StreamError, StreamNotAvailable, error_for_code)
+from .errors import (RECOVERABLE, ProtocolError, StreamAlreadyExists,
+                     StreamDoesNotExist, StreamError, StreamNotAvailable,
+                     error_for_code)
+from .offsets import Offset, offset_spec
 from .pool import AddressResolver, ConnectionPool, Endpoint
 from .uri import BrokerAddress, parse_uri
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
+    from .consumer import Consumer, Filter
     from .producer import Producer, SuperStreamProducer
 
 # create_stream keyword -> the broker's queue argument.
@@ -216,13 +218,33 @@ class Client:
 
     def stream_stats(self, stream: str) -> dict[str, int]:
         """The broker's figures for a stream (3.11+): ``first_chunk_id``,
-        ``committed_chunk_id``, ..."""
+        ``committed_chunk_id``, and from 4.3 ``committed_offset`` (the last
+        committed offset), ..."""
         self.connection.features.require("stream_stats")
         answer = self._request(lambda c: P.StreamStats(c, stream),
                                f"stream stats of {stream!r}")
         return dict(answer.stats)
 
     # --- offsets and publisher sequences --------------------------------------
+
+    def resolve_offset(self, stream: str, offset: Offset = "next", *,
+                       filter: Filter | None = None) -> int:
+        """Where the broker would start a subscription for ``offset`` (what
+        ``consumer(offset=...)`` takes) and ``filter``, without subscribing:
+        the first offset of the chunk it would send first (for an offset, the
+        chunk holding it, whose records before it a consumer drops; for
+        ``"next"`` or a time after the last chunk, the stream's end).
+        RabbitMQ 4.3+; ``UnsupportedFeature`` before, ``NoOffset`` when the
+        broker cannot resolve it."""
+        self.connection.features.require("resolve_offset_spec")
+        spec = offset_spec(offset)
+        props = filter.properties() if filter is not None else {}
+        answer = self._request(lambda c: P.ResolveOffsetSpec(c, stream, spec, props),
+                               f"resolve offset {offset!r} of {stream!r}")
+        if answer.offset is None or answer.offset.type != P.OFFSET_OFFSET:
+            raise ProtocolError(f"resolve offset of {stream!r}: the answer "
+                                f"holds no offset ({answer.offset!r})")
+        return answer.offset.value
 
     def query_offset(self, stream: str, reference: str) -> int:
         """The offset stored for a consumer name; ``NoOffset`` if none."""

@@ -248,6 +248,8 @@ class Connection:
                 "exchange command versions", timeout=timeout)
             self.command_versions = {
                 v.key: (v.min_version, v.max_version) for v in answer.commands}
+            self.features = Features(self.features.server_version,
+                                     self.command_versions)
 
     def close(self, code: int = P.RESPONSE_OK, reason: str = "") -> None:
         """Close politely (Close, wait for its answer) then drop the socket."""

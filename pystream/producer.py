@@ -180,7 +180,11 @@ class Producer:
              application_properties: dict[str, Any] | None = None,
              message_annotations: dict[str, Any] | None = None,
              filter_value: str | None = None) -> Future:
-        """Queue one message; the future resolves to its publishing id."""
+        """Queue one message; the future resolves to its publishing id.
+        A symbol that is not ASCII (an annotation key, ``content_type``,
+        ``content_encoding``) raises ``ValueError`` here, before it is
+        queued."""
+        _check_symbols(properties, message_annotations)
         future: Future = Future()
         with self._cond:
             self._check()
@@ -593,3 +597,17 @@ def _all_of(futures: list[Future]) -> Future:
     for f in futures:
         f.add_done_callback(one_done)
     return combined
+
+
+def _check_symbols(properties: dict[str, Any] | None,
+                   message_annotations: dict[str, Any] | None) -> None:
+    """AMQP symbols are ASCII; the encoder refuses others too, but a single
+    message is encoded later, in the linger thread."""
+    for name in ("content_type", "content_encoding"):
+        value = (properties or {}).get(name)
+        if isinstance(value, str) and not value.isascii():
+            raise ValueError(f"{name} is not ASCII (an AMQP symbol): {value!r}")
+    for key in message_annotations or {}:
+        if isinstance(key, str) and not key.isascii():
+            raise ValueError(f"message_annotations: the key {key!r} is not ASCII "
+                             "(keys are AMQP symbols)")

@@ -115,6 +115,13 @@ def legacy():
         yield c
 
 
+@pytest.fixture(scope="session")
+def latest_uri() -> str:
+    """The RabbitMQ 4.3 broker (`scripts/broker up` starts it with the
+    others)."""
+    return LATEST_URI
+
+
 @pytest.fixture
 def latest():
     with pystream.connect(LATEST_URI) as c:

@@ -185,6 +185,62 @@ def publish_rstream(uri: str, stream: str,
     _run(go())
 
 
+# --- reading back (what pystream's producer wrote) --------------------------
+
+def read_rbfly(uri: str, stream: str, count: int) -> list[Any]:
+    """The first ``count`` messages of ``stream`` as rbfly's ``MessageCtx``
+    (rbfly 0.10 reads simple entries only, not sub-batches)."""
+    import rbfly.streams as rbs
+
+    async def go() -> list[Any]:
+        client = rbs.streams_client(uri)
+        out: list[Any] = []
+        try:
+            async for _ in client.subscribe(stream, offset=rbs.Offset.FIRST):
+                out.append(rbs.get_message_ctx())
+                if len(out) == count:
+                    break
+        finally:
+            await client.disconnect()
+        return out
+
+    return _run(go())
+
+
+def read_rstream(uri: str, stream: str, count: int, timeout: float = 60) -> list[Any]:
+    """The first ``count`` messages of ``stream`` as rstream's
+    ``AMQPMessage`` (its decoder, every codec it has)."""
+    from rstream import (Consumer, ConsumerOffsetSpecification, OffsetType,
+                         amqp_decoder)
+
+    address = parse_uri(uri)
+
+    async def go() -> list[Any]:
+        out: list[Any] = []
+        done = asyncio.Event()
+
+        def on_message(message: Any, context: Any) -> None:
+            out.append(message)
+            if len(out) >= count:
+                done.set()
+
+        consumer = Consumer(address.host, address.port, username=address.username,
+                            password=address.password, vhost=address.virtual_host)
+        await consumer.start()
+        await consumer.subscribe(
+            stream, on_message, decoder=amqp_decoder,
+            offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+        task = asyncio.create_task(consumer.run())
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        finally:
+            await consumer.close()
+            task.cancel()
+        return out[:count]
+
+    return _run(go())
+
+
 # --- AMQP 0-9-1 (pika) ------------------------------------------------------
 
 def declare_stream_amqp091(url: str, stream: str) -> None:

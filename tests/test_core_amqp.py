@@ -108,6 +108,78 @@ def test_rendering_rules():
                    "c": "é", "l": "[true, null, -1]"}
 
 
+# --- described values, sequences, footer (hand-made bytes) ------------------
+
+STR_T = b"\xa3\x01t"               # symbol "t", a descriptor
+
+
+def section(code: int, value: bytes) -> bytes:
+    return b"\x00\x53" + bytes([code]) + value
+
+
+def test_described_values_keep_their_descriptor():
+    described_str = b"\x00" + STR_T + b"\xa1\x02ab"
+    described_num = b"\x00\x53\x07\x55\x05"          # ulong 7 -> smalllong 5
+    # a body that is a described value is its whole encoding, whatever it holds
+    assert one(section(0x77, described_str))["body"] == described_str
+    assert one(section(0x77, described_num))["body"] == described_num
+    assert one(section(0x77, b"\xa1\x02ab"))["body"] == b"ab"
+    # as text: {"descriptor": d, "value": v}, at the top as in lists
+    items = (b"\xa1\x01s" + described_str + b"\xa1\x01n" + described_num
+             + b"\xa1\x01l" + b"\xc0\x09\x01" + described_str
+             # an array of described strings: the descriptor is the array's
+             + b"\xa1\x01a" + b"\xe0\x0a\x02\x00" + STR_T + b"\xa1\x01x\x01y")
+    msg = section(0x74, b"\xc1" + bytes([len(items) + 1, 8]) + items)
+    app = one(msg + amqp_data(b""))["application_properties"]
+    assert app == {"s": '{"descriptor": "t", "value": "ab"}',
+                   "n": '{"descriptor": 7, "value": 5}',
+                   "l": '[{"descriptor": "t", "value": "ab"}]',
+                   "a": '[{"descriptor": "t", "value": "x"}, {"descriptor": "t", "value": "y"}]'}
+    # a typed field refuses one
+    props = section(0x73, b"\xc0\x06\x02\x40" + b"\x00" + STR_T + b"\xa0\x00")
+    with pytest.raises(Exception, match="wrong type"):
+        one(props + amqp_data(b""))
+
+
+def test_several_sequences_and_absent_sections():
+    seq1, seq2 = b"\xc0\x03\x01\x55\x01", b"\x45"
+    r = one(section(0x76, seq1) + section(0x76, seq2))
+    assert r["body"] == seq1 + seq2
+    assert one(section(0x76, seq1))["body"] == seq1
+    assert (r["properties"], r["header"], r["application_properties"],
+            r["message_annotations"]) == (None, None, None, None)
+    # a header section present but empty: the AMQP defaults
+    assert one(section(0x70, b"\x45") + amqp_data(b""))["header"] == {
+        "durable": False, "priority": 4, "ttl": None, "first_acquirer": False,
+        "delivery_count": 0}
+
+
+def test_footer_column():
+    footer = section(0x78, b"\xc1\x08\x02\xa3\x03x-f\x55\x2a")
+    frame = deliver(chunk([simple_entry(amqp_data(b"b") + footer),
+                           simple_entry(amqp_data(b"c"))]))
+    batch = decode(frame, columns=["footer"])
+    assert batch.schema.names == ["offset", "chunk_timestamp", "body", "footer"]
+    assert batch.column("footer").to_pylist() == [[("x-f", "42")], None]
+    assert decode(frame).schema.names == ["offset", "chunk_timestamp", "body"]
+
+
+def test_encoder_refuses_non_ascii_symbols():
+    import pyarrow as pa
+    from pystream._core import encode_publish
+    ann = pa.array([[("x-ok", "ü")], [("x-ünï", "v")]], pa.map_(pa.string(), pa.string()))
+    with pytest.raises(ValueError, match="message 1: message_annotations: a key is not ASCII"):
+        encode_publish(0, 0, [b"a", b"b"], message_annotations=ann)
+    for name in ("content_type", "content_encoding"):
+        props = pa.array([{name: "té"}], pa.struct([(name, pa.string())]))
+        with pytest.raises(ValueError, match=f"message 0: {name} is not ASCII"):
+            encode_publish(0, 0, [b"a"], properties=props)
+    # strings are UTF-8: application property keys and every value
+    app = pa.array([[("ünï", "ü")]], pa.map_(pa.string(), pa.string()))
+    encode_publish(0, 0, [b"a"], application_properties=app, message_annotations=pa.array(
+        [[("x-a", "ü")]], pa.map_(pa.string(), pa.string())))
+
+
 # --- differential tests -------------------------------------------------------
 
 rbfly_amqp = pytest.importorskip("rbfly.amqp")

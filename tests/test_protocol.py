@@ -76,6 +76,13 @@ SAMPLES = [
     P.CreateSuperStreamResponse(20, 1),
     P.DeleteSuperStream(21, "super"),
     P.DeleteSuperStreamResponse(21, 1),
+    P.ResolveOffsetSpec(22, "s", P.OffsetSpec(P.OFFSET_LAST)),
+    P.ResolveOffsetSpec(22, "s", P.OffsetSpec(P.OFFSET_TIMESTAMP, 1700000000000),
+                        {"filter.0": "eu", "match-unfiltered": "false"}),
+    P.ResolveOffsetSpecResponse(22, 1, OFF),
+    P.ResolveOffsetSpecResponse(22, 2),
+    P.StreamStatsResponse(23, 1, {"first_chunk_id": 0, "committed_chunk_id": 10,
+                                  "committed_offset": 14}),
 ]
 
 
@@ -89,8 +96,42 @@ def test_round_trip(cmd):
 
 def test_every_command_key_is_covered():
     keys = {type(c).KEY & ~P.RESPONSE_BIT for c in SAMPLES}
-    assert keys == set(range(0x0001, 0x001F))
+    assert keys == set(range(0x0001, 0x0020))
     assert {type(c).KEY for c in SAMPLES} == set(P.COMMANDS)
+
+
+def test_resolve_offset_spec_bytes():
+    # As rabbit_stream_core 4.3.6 lays them out: the request is the stream,
+    # an offset specification as Subscribe's and a string map, left out when
+    # empty; the answer a code, then an offset specification of type offset
+    # (4) with its u64.
+    frame = P.encode(P.ResolveOffsetSpec(7, "s", P.OffsetSpec(P.OFFSET_OFFSET, 3)))
+    assert frame == bytes.fromhex(
+        "00000015" "001f" "0001" "00000007" "0001" "73" "0004" "0000000000000003")
+    frame = P.encode(P.ResolveOffsetSpec(7, "s", P.OffsetSpec(P.OFFSET_LAST),
+                                         {"chunk_selector": "all"}))
+    assert frame == bytes.fromhex(
+        "00000026" "001f" "0001" "00000007" "0001" "73" "0002" "00000001"
+        "000e" + b"chunk_selector".hex() + "0003" + b"all".hex())
+    answer = P.decode(bytes.fromhex(
+        "801f" "0001" "00000007" "0001" "0004" "0000000000003039"))
+    assert answer == P.ResolveOffsetSpecResponse(7, 1, P.OffsetSpec(P.OFFSET_OFFSET, 12345))
+    # an error answer may stop after its code
+    assert P.decode(bytes.fromhex("801f" "0001" "00000007" "0002")).offset is None
+
+
+def test_resolve_offset_spec_is_gated_by_version_and_advertised_commands():
+    from pystream.errors import UnsupportedFeature
+    from pystream.features import Features
+    assert not Features("4.0.5").supports("resolve_offset_spec")
+    assert Features("4.3.6").supports("resolve_offset_spec")
+    assert Features("4.3.6", {0x001F: (1, 1)}).supports("resolve_offset_spec")
+    not_listed = Features("4.3.6", {0x001C: (1, 1)})
+    assert not not_listed.supports("resolve_offset_spec")
+    with pytest.raises(UnsupportedFeature, match="did not advertise command 0x001f"):
+        not_listed.require("resolve_offset_spec")
+    with pytest.raises(UnsupportedFeature, match="needs RabbitMQ 4.3"):
+        Features("4.0.5", {0x001F: (1, 1)}).require("resolve_offset_spec")
 
 
 def test_known_bytes():
@@ -140,8 +181,9 @@ def test_every_cut_is_truncated():
             # A cut can only decode where the tail is an optional field, or
             # (Route) where the old one-string answer reads as an empty name.
             assert type(decoded) in (P.OpenResponse, P.SaslAuthenticateResponse,
-                                     P.Subscribe, P.Deliver,
-                                     P.RouteResponse), (cmd, cut)
+                                     P.Subscribe, P.Deliver, P.RouteResponse,
+                                     P.ResolveOffsetSpec,
+                                     P.ResolveOffsetSpecResponse), (cmd, cut)
 
 
 def test_unknown_key():

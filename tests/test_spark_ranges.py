@@ -13,7 +13,7 @@ import pystream
 from pystream import CertificateVerificationError, RequestTimeout
 from pystream.spark import (BrokerRef, OffsetRange, plan_ranges, read_range,
                             split_ranges)
-from pystream.spark.ranges import client_for
+from pystream.ranges import client_for
 
 from .conftest import EXTERNAL_URI, TLS_URI, broker_connections
 from .publishers import amqp_message, publish

@@ -1,7 +1,8 @@
 """Reading streams in parallel with Spark.
 
-``plan_ranges`` and ``read_range`` (no Spark needed) split streams into
-offset ranges and read one of them anywhere, for ``mapInArrow``;
+``plan_ranges`` and ``read_range`` (``pystream.ranges``, re-exported here;
+no Spark needed) split streams into offset ranges and read one of them
+anywhere, for ``mapInArrow``;
 ``RabbitMQStreamDataSource`` is the PySpark data source ``rabbitmq_stream``
 (imported on first use: it needs the ``spark`` extra).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ranges import (BrokerRef, OffsetRange, StreamBounds, plan_ranges,
+from ..ranges import (BrokerRef, OffsetRange, StreamBounds, plan_ranges,
                      read_range, split_ranges, stream_bounds)
 
 __all__ = ["BrokerRef", "OffsetRange", "StreamBounds", "plan_ranges",

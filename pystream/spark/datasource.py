@@ -1,5 +1,5 @@
 """The PySpark data source ``rabbitmq_stream`` (PySpark 4.2+), batch and
-streaming, over the ranges of ``ranges.py``.
+streaming, over the ranges of ``pystream.ranges``.
 
 The driver resolves every start and end to concrete offsets before a task
 runs, so each task reads a fixed range and a retried task reads the same
@@ -52,7 +52,7 @@ from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
-from .ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
+from ..ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
                      client_for, read_range, resolve, split_ranges,
                      start_offset, stream_bounds)
 

@@ -1,4 +1,5 @@
-"""Offset ranges: planned on the driver, read on executors.
+"""Offset ranges of streams: planned in one place, read anywhere (Spark's
+executors, Dask or Ray workers, the command line); no Spark needed.
 
 ``plan_ranges`` turns streams and a start/end into ``OffsetRange`` s the way
 Spark's Kafka source does (split in proportion to size up to
@@ -24,15 +25,16 @@ from urllib.parse import urlsplit
 import numpy as np
 import pyarrow as pa
 
-from ..client import Client
-from ..errors import CertificateVerificationError, DataLoss, RequestTimeout
-from ..tls import check_tls_settings, tls_options
-from ..uri import BrokerAddress, parse_uri
+from .client import Client
+from .errors import CertificateVerificationError, DataLoss, RequestTimeout
+from .tls import check_tls_settings, tls_options
+from .uri import BrokerAddress, parse_uri
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
 Bound = Union[str, int, dt.datetime]
 
 POLL = 0.2  # seconds between looks at the position while no records come
+FIRST_CHUNK_WAIT = 2.0  # seconds without a first chunk that prove none is due
 PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
@@ -116,7 +118,9 @@ class OffsetRange:
 class StreamBounds:
     """What a stream holds now: ``first`` is its first offset, ``end`` the
     offset after its last committed chunk (both 0 when empty), and
-    ``last_timestamp`` that chunk's time (None when empty)."""
+    ``last_timestamp`` that chunk's time when it was read: None when the
+    stream is empty, and when the broker gave the end itself (RabbitMQ 4.3+
+    reports ``committed_offset``, so no chunk is read)."""
 
     first: int
     end: int
@@ -159,11 +163,19 @@ def _client_for_ref(broker: BrokerRef, options: dict[str, Any]) -> Client:
             "or BrokerRef(ca_file=...)") from exc.__cause__
 
 
-def stream_bounds(client: Client, stream: str) -> StreamBounds:
-    """The stream's first offset and the end of its last committed chunk,
-    from the broker's statistics where it has them (3.11+) and a read of
-    the last chunk."""
-    first = stream_first(client, stream)
+def stream_bounds(client: Client, stream: str, *, exact: bool = True) -> StreamBounds:
+    """The stream's first offset and the end of its last committed chunk.
+    Where the broker's statistics carry ``committed_offset`` (4.3+) they
+    give both; otherwise the first offset comes from the statistics (3.11+)
+    or a read of the first record, and the end from a read of the last chunk
+    (``exact=False`` forces that probe, to compare the two)."""
+    stats = client.stream_stats(stream) if client.supports("stream_stats") else None
+    if exact and stats is not None and "committed_offset" in stats:
+        if stats.get("committed_chunk_id", -1) < 0 or stats["committed_offset"] < 0:
+            return StreamBounds(0, 0, None)
+        end = stats["committed_offset"] + 1
+        return StreamBounds(min(stats["first_chunk_id"], end), end, None)
+    first = _first_of(client, stream, stats)
     if first is None:
         return StreamBounds(0, 0, None)
     end, last_timestamp = _read_last_chunk(client, stream)
@@ -174,8 +186,12 @@ def stream_bounds(client: Client, stream: str) -> StreamBounds:
 
 def stream_first(client: Client, stream: str) -> int | None:
     """The stream's first offset (None if it holds no record)."""
-    if client.supports("stream_stats"):
-        stats = client.stream_stats(stream)
+    stats = client.stream_stats(stream) if client.supports("stream_stats") else None
+    return _first_of(client, stream, stats)
+
+
+def _first_of(client: Client, stream: str, stats: dict[str, int] | None) -> int | None:
+    if stats is not None:
         return None if stats.get("committed_chunk_id", -1) < 0 else stats["first_chunk_id"]
     with client.consumer(stream, offset="first", amqp=False) as consumer:
         head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
@@ -195,7 +211,11 @@ def _read_last_chunk(client: Client, stream: str) -> tuple[int | None, dt.dateti
 def offset_at(client: Client, stream: str, when: dt.datetime,
               bounds: StreamBounds) -> int:
     """The first offset of the first chunk stored at or after ``when`` (the
-    stream's end if none is)."""
+    stream's end if none is): the broker's answer on 4.3+, else a probe."""
+    if bounds.end <= bounds.first:
+        return bounds.end
+    if client.supports("resolve_offset_spec"):
+        return min(client.resolve_offset(stream, when), bounds.end)
     if bounds.last_timestamp is None or when > bounds.last_timestamp:
         return bounds.end
     with client.consumer(stream, offset=when, amqp=False) as consumer:
@@ -245,6 +265,8 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
             batch = next(iter(consumer.batches(POLL)), None)
             if batch is None:
                 idle += POLL
+                if _past_last_user_chunk(client, stream, start, consumer.position, idle):
+                    return
                 if idle >= timeout:
                     raise RequestTimeout(
                         f"{stream!r}: nothing after offset {consumer.position} "
@@ -257,6 +279,22 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
                 yield batch if keep == batch.num_rows else batch.slice(0, keep)
             if keep < batch.num_rows:
                 return
+
+
+def _past_last_user_chunk(client: Client, stream: str, start: int,
+                          position: int | None, idle: float) -> bool:
+    """Whether every record up to the stream's tail was received. An exact
+    end (4.3+) counts the offsets of offset-tracking chunks, which are never
+    delivered: once the position is past the first offset of the last user
+    chunk, nothing is left to come before the tail. Before any chunk came,
+    a start past that offset may still lie in the last user chunk, which
+    the broker sends at once: only a wait of ``FIRST_CHUNK_WAIT`` says it
+    does not."""
+    if not client.supports("resolve_offset_spec"):
+        return False
+    if position is None and idle < FIRST_CHUNK_WAIT:
+        return False
+    return (start if position is None else position) > client.resolve_offset(stream, "last")
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],

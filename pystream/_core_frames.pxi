@@ -1,0 +1,188 @@
+# Included by _core.pyx (one extension module): receive blocks and the frame reader.
+
+# --- receive blocks ---------------------------------------------------------
+#
+# A receive block is one malloc'd region that socket reads land in.  Decoded
+# columns point into it (zero copy), holding a reference to the _Block object
+# through their Arrow buffers; when the last reference goes, the region returns
+# to a small pool and the next reader that needs room reuses it.
+
+cdef enum:
+    POOL_SLOTS = 16
+    POOL_BYTES = 64 * 1024 * 1024
+    BLOCK_SIZE = 1024 * 1024
+
+cdef uint8_t *pool_data[POOL_SLOTS]
+cdef size_t pool_cap[POOL_SLOTS]
+cdef int pool_len = 0
+cdef size_t pool_total = 0
+
+
+cdef class _Block:
+    """One receive region; exports it through the buffer protocol."""
+    cdef uint8_t *data
+    cdef size_t cap
+
+    def __dealloc__(self):
+        global pool_len, pool_total
+        if self.data == NULL:
+            return
+        if pool_len < POOL_SLOTS and pool_total + self.cap <= POOL_BYTES:
+            pool_data[pool_len] = self.data
+            pool_cap[pool_len] = self.cap
+            pool_len += 1
+            pool_total += self.cap
+        else:
+            free(self.data)
+        self.data = NULL
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        PyBuffer_FillInfo(view, self, self.data, <Py_ssize_t>self.cap, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef _Block new_block(size_t need):
+    """A block of at least ``need`` bytes, from the pool when one fits."""
+    global pool_len, pool_total
+    cdef _Block b = _Block.__new__(_Block)
+    cdef int i
+    for i in range(pool_len):
+        if pool_cap[i] >= need:
+            b.data = pool_data[i]
+            b.cap = pool_cap[i]
+            pool_total -= b.cap
+            pool_len -= 1
+            pool_data[i] = pool_data[pool_len]
+            pool_cap[i] = pool_cap[pool_len]
+            return b
+    cdef size_t cap = BLOCK_SIZE
+    while cap < need:
+        cap *= 2
+    b.data = <uint8_t *>malloc(cap)
+    if b.data == NULL:
+        raise MemoryError()
+    b.cap = cap
+    return b
+
+
+# --- frame reader -----------------------------------------------------------
+
+cdef class FrameReader:
+    """Splits the bytes of a stream connection into frames.
+
+    ``sock.recv_into(reader.writable())``, ``reader.commit(n)``, then call
+    :meth:`next_frame` until it returns ``None``.
+    """
+    cdef ps_reader r
+    cdef _Block block
+    cdef bint busy          # a chunk of this buffer is being decoded without the GIL
+
+    def __cinit__(self, max_frame_size=1048576):
+        self.block = new_block(BLOCK_SIZE)
+        self.r.buf = self.block.data
+        self.r.cap = self.block.cap
+        self.r.rpos = 0
+        self.r.wpos = 0
+        self.r.consumed = 0
+        self.r.max_deliver = 0
+        self.max_frame_size = max_frame_size
+
+    @property
+    def max_frame_size(self):
+        """Largest accepted frame size (without the size prefix); 0 means
+        unlimited.  Set it after Tune."""
+        return self.r.max_frame
+
+    @max_frame_size.setter
+    def max_frame_size(self, value):
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise ValueError("max_frame_size must be in [0, 2**32)")
+        self.r.max_frame = value
+
+    @property
+    def max_deliver_size(self):
+        """Largest accepted Deliver frame when above ``max_frame_size``:
+        brokers send each chunk whole, whatever frame_max says."""
+        return self.r.max_deliver
+
+    @max_deliver_size.setter
+    def max_deliver_size(self, value):
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise ValueError("max_deliver_size must be in [0, 2**32)")
+        self.r.max_deliver = value
+
+    cdef bint block_shared(self):
+        # Only this reader holds the block: nothing points into it.
+        return Py_REFCNT(<object><PyObject *>self.block) > 1
+
+    cdef int check_idle(self) except -1:
+        if self.busy:
+            raise RuntimeError("the decoder is in use by another thread")
+        return 0
+
+    cdef int reserve(self, size_t min_size) except -1:
+        """Make at least min_size bytes (and room for the whole pending
+        frame) free at the end of the buffer."""
+        cdef size_t missing = ps_reader_missing(&self.r)
+        cdef size_t need = min_size if min_size > missing else missing
+        cdef size_t unread = self.r.wpos - self.r.rpos
+        cdef _Block nb
+        if self.r.cap - self.r.wpos >= need:
+            return 0
+        if not self.block_shared() and unread + need <= self.r.cap:
+            ps_reader_compact(&self.r)
+            return 0
+        nb = new_block(unread + need)
+        ps_reader_rebase(&self.r, nb.data, nb.cap)
+        self.block = nb
+        return 0
+
+    def writable(self, Py_ssize_t min_size=65536):
+        """Free space at the end of the receive buffer, as a writable
+        memoryview; write into it, then :meth:`commit` the count."""
+        if min_size < 1:
+            raise ValueError("min_size must be positive")
+        self.check_idle()
+        if self.r.rpos == self.r.wpos and self.r.rpos and not self.block_shared():
+            self.r.rpos = self.r.wpos = 0
+        self.reserve(<size_t>min_size)
+        return memoryview(self.block)[self.r.wpos:self.r.cap]
+
+    def commit(self, Py_ssize_t n):
+        """``n`` bytes were written at the start of the last :meth:`writable`."""
+        self.check_idle()
+        if n < 0 or <size_t>n > self.r.cap - self.r.wpos:
+            raise ValueError("commit count exceeds the writable space")
+        self.r.wpos += n
+
+    def feed(self, data):
+        """Append a copy of ``data`` (any bytes-like) to the buffer."""
+        cdef Py_buffer view
+        self.check_idle()
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            if view.len:
+                self.reserve(<size_t>view.len)
+                memcpy(self.r.buf + self.r.wpos, view.buf, <size_t>view.len)
+                self.r.wpos += <size_t>view.len
+        finally:
+            PyBuffer_Release(&view)
+
+    def next_frame(self):
+        """The next complete frame without its size prefix, or ``None``."""
+        cdef const uint8_t *frame
+        cdef uint32_t n
+        cdef ps_error err
+        self.check_idle()
+        cdef int rc = ps_reader_next(&self.r, &frame, &n, &err)
+        if rc == PS_OK:
+            return PyBytes_FromStringAndSize(<const char *>frame, n)
+        if rc == PS_NEED_MORE:
+            return None
+        raise_error(&err)
+
+    def buffered(self):
+        """Bytes received but not yet returned as frames."""
+        return self.r.wpos - self.r.rpos
