@@ -5,7 +5,7 @@ Deliver frames are decoded in C into Arrow columns; see README.md.
 
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
 from .client import Client, StreamInfo, connect
-from .consumer import Consumer, Filter, Message
+from .consumer import Consumer
 from .credit import Credit
 from .producer import Producer, SuperStreamProducer
 from .errors import (AccessRefused, AuthenticationFailure,
@@ -22,6 +22,7 @@ from .errors import (AccessRefused, AuthenticationFailure,
                      TruncatedFrame, UnknownFrame, UnsupportedFeature,
                      VirtualHostAccessFailure)
 from .pool import AddressResolver, Endpoint
+from .records import Filter, Message
 from .tls import tls_context
 from .uri import BrokerAddress, parse_uri
 

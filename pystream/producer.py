@@ -23,18 +23,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import metrics
 from . import protocol as P
 from ._core import encode_publish, murmur3_32, schema
-from .consumer import take_rows
+from .arrow import take_rows
 from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
                      ConnectionLost, PublishError, RequestTimeout, StreamError,
                      next_retry_delay)
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .admin import Admin
     from .connection import Connection
 
-log = logging.getLogger("pystream")
+log = logging.getLogger("pystream.producer")
 
 Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
 FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
@@ -116,7 +117,7 @@ class Producer:
     entries), ``recovery_timeout``.
     """
 
-    def __init__(self, client: Client, stream: str, *, name: str | None = None,
+    def __init__(self, client: Admin, stream: str, *, name: str | None = None,
                  batch_size: int = 1000, linger_ms: float = 10.0,
                  compression: str | None = None, sub_batch_size: int = 100,
                  filter_value: FilterValue = None, max_in_flight: int = 100_000,
@@ -157,6 +158,8 @@ class Producer:
         self._recovering = False
         self._last_sent = 0            # last id this producer sent
         self.last_publishing_id = 0    # ... or the broker had for its name
+        self._stats = metrics.publisher_stats(client.address, stream)
+        metrics.instruments()
         self._connect()
         if name is not None:
             self.last_publishing_id = client.query_publisher_sequence(stream, name)
@@ -314,6 +317,8 @@ class Producer:
             with self._cond:
                 self._pending.append(record)
                 self._in_flight += record.messages
+                self._stats.published += record.messages
+                self._stats.written_bytes += len(frames)
                 self._last_sent = record.last_id
                 self.last_publishing_id = max(self.last_publishing_id,
                                               record.last_id)
@@ -357,34 +362,52 @@ class Producer:
             while pending and pending[0].remaining <= 0:
                 b = pending.popleft()
                 self._in_flight -= b.messages
+                self._count_settled(b)
                 done.append(b)
             if done:
                 self._cond.notify_all()
         for b in done:
             b.resolve()
 
+    def _count_settled(self, b: _Batch, error: BaseException | None = None) -> None:
+        """Count a batch's messages as confirmed or errored (by the broker's
+        code, or the error that failed the producer), under the lock."""
+        stats = self._stats
+        refused = 0
+        for pid, code in b.failures:
+            n = int(b.counts[pid - b.first_id])
+            kind = f"code {code:#04x}"
+            stats.errored[kind] = stats.errored.get(kind, 0) + n
+            refused += n
+        if error is not None:
+            kind = type(error).__name__
+            stats.errored[kind] = stats.errored.get(kind, 0) + b.messages - refused
+        else:
+            stats.confirmed += b.messages - refused
+
     # --- connection and recovery --------------------------------------------
 
     def on_metadata_update(self, code: int) -> None:
         log.info("stream %r moved or went away (code %#x): reconnecting the "
                  "producer", self.stream, code)
-        self._lost()
+        self._lost("metadata_update")
 
     def on_connection_closed(self, error: StreamError | None) -> None:
         if error is None and not self._closed:
             self._fail(ConnectionClosed("the client was closed"))
         elif error is not None:
-            self._lost()
+            self._lost("connection_closed" if isinstance(error, ConnectionClosed)
+                       else "connection_lost")
 
-    def _lost(self) -> None:
+    def _lost(self, cause: str) -> None:
         with self._cond:
             if self._closed or self._recovering or self._error is not None:
                 return
             self._recovering = True
-        threading.Thread(target=self._recover, daemon=True,
+        threading.Thread(target=self._recover, args=(cause,), daemon=True,
                          name="pystream-producer-recovery").start()
 
-    def _recover(self) -> None:
+    def _recover(self, cause: str) -> None:
         self._disconnect(delete=False)
         started = time.monotonic()
         delay = FIRST_RETRY_DELAY
@@ -394,14 +417,17 @@ class Producer:
                     self._connect()
                     with self._cond:
                         frames = [b.frames for b in self._pending]
+                        first = (self._pending[0].first_id if self._pending
+                                 else None)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
                         self._connection.send_bytes(  # type: ignore[union-attr]
                             _with_publisher_id(f, self._publisher_id))
+                        self._stats.written_bytes += len(f)
                 with self._cond:
                     self._recovering = False
-                log.info("producer on %r reconnected; %d batches sent again",
-                         self.stream, len(frames))
+                self._recovered(cause, first, len(frames),
+                                time.monotonic() - started)
                 return
             except RECOVERABLE as exc:
                 if time.monotonic() - started > self.recovery_timeout:
@@ -415,6 +441,16 @@ class Producer:
             except Exception as exc:  # e.g. the stream deleted, a password changed
                 self._fail(exc)
                 return
+
+    def _recovered(self, cause: str, first: int | None, batches: int,
+                   seconds: float) -> None:
+        who = f"producer {self.name!r}" if self.name is not None else "producer"
+        resent = (f"sent {batches} unconfirmed batches again from publishing "
+                  f"id {first}" if first is not None else "nothing to send again")
+        log.warning("%s of stream %r recovered from %s: %s after %.2f s", who,
+                    self.stream, cause.replace("_", " "), resent, seconds)
+        metrics.recovered("producer", cause, self.stream, seconds,
+                          self.client.address)
 
     def _connect(self) -> None:
         endpoint = self.client.locate(self.stream, replica=False)
@@ -453,6 +489,8 @@ class Producer:
             self._error = error
             pending, self._pending = list(self._pending), deque()
             self._in_flight = 0
+            for b in pending:
+                self._count_settled(b, error)
             self._cond.notify_all()
         for b in pending:
             b.fail(error)
@@ -483,7 +521,7 @@ class SuperStreamProducer:
     wrote it. ``route`` replaces that with a callable from the batch to
     partition indices. Other options as for ``Producer``."""
 
-    def __init__(self, client: Client, super_stream: str, *,
+    def __init__(self, client: Admin, super_stream: str, *,
                  routing_key: str | Callable[[pa.RecordBatch], Any] | None = None,
                  route: Callable[[pa.RecordBatch], Any] | None = None,
                  **options: Any) -> None:

@@ -309,7 +309,7 @@ def test_interrupted_dump_leaves_no_file(filled, tmp_path, capsys, monkeypatch):
         yield from pystream.spark.read_range(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "read_range", one_batch_then_ctrl_c)
+    monkeypatch.setattr(cli.dump, "read_range", one_batch_then_ctrl_c)
     status, _, _ = run(capsys, "--uri", MODERN_URI, "dump", filled,
                        "--to", str(tmp_path / "out.parquet"))
     assert status == 130
