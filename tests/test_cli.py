@@ -502,7 +502,7 @@ def test_bench_passes_arguments_through(capfd):
 
 
 def test_bench_without_the_scripts(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path / "bench")
+    monkeypatch.setattr(cli.bench, "BENCH_DIR", tmp_path / "bench")
     status, out, err = run(capsys, "bench", "latency", "--rates", "1000")
     assert status == 2 and out == ""
     assert err.startswith("pystream: error: ") and err.count("\n") == 1
