@@ -107,8 +107,7 @@ def test_publish_and_consume_counters_equal_the_records(reader, modern,
         count, entries = value(data, "rabbitmq.stream.chunk_size", **dest)
         # Entries of the offset-tracking chunks included.
         assert chunks == count >= 1 and N <= entries <= N + 10
-        decoded, seconds = value(data, "pystream.consumer.decode_duration", **dest)
-        assert decoded == chunks and 0 < seconds < 10
+        assert 0 < value(data, "pystream.consumer.decode_time", **dest) < 10
         assert value(data, "rabbitmq.stream.read_bytes", **dest) > N
         assert value(data, "pystream.consumer.credit_granted", **dest) >= chunks
         assert value(data, "pystream.consumer.stored_offset", **dest) == N - 1
