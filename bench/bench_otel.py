@@ -14,6 +14,10 @@ Three modes, each run in a fresh process against the modern broker:
   (1 s, far more often than a real deployment's 60 s) into an exporter that
   discards what it gets: the cost of collecting, not of shipping.
 
+First, on its own, the time of the one hook per chunk (counters, and with
+the SDK the ``chunk_size`` histogram value) and of one collection of every
+instrument (``hook_costs``; the best of 5 repeats).
+
 Consume: ``client.consumer(stream, offset="first")`` with its defaults reads
 ``--consume-messages`` 100-byte messages of a stream filled once (as
 bench_consume.py fills ``bench-100b``). Publish: ``producer.send_batch`` of
@@ -73,8 +77,37 @@ def setup_mode(mode: str, interval: float) -> None:
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
+def hook_costs(mode: str) -> dict:
+    """The time of the per-chunk hook (``metrics.chunk_received``) and, with
+    the SDK, of one collection of every instrument: the cost the throughput
+    runs are too noisy to resolve, measured on its own."""
+    import timeit
+
+    from pystream import metrics
+    from pystream.uri import parse_uri
+    stats = metrics.consumer_stats(parse_uri(DEFAULT_URI), "hooks", None)
+    collect_ms = None
+    if mode == "sdk":
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    else:
+        metrics.instruments()
+    n = 20_000
+    per_chunk = min(timeit.repeat(
+        lambda: metrics.chunk_received(stats, 7700, 800_000, 50_000),
+        number=n, repeat=5)) / n
+    if mode == "sdk":
+        collect_ms = min(timeit.repeat(reader.get_metrics_data, number=20,
+                                       repeat=5)) / 20 * 1e3
+    return {"chunk_hook_us": per_chunk * 1e6, "collect_ms": collect_ms}
+
+
 def child(args: argparse.Namespace) -> dict:
     setup_mode(args.mode, args.interval)
+    if args.child == "hooks":
+        return hook_costs(args.mode)
     import pystream
     start_watchdog(30)
     with pystream.connect(args.uri) as client:
@@ -177,6 +210,9 @@ def main() -> None:
         return
 
     kinds = [k for k in args.only.split(",") if k]
+    hooks = {mode: run(args, "hooks", mode, 0) for mode in MODES}
+    for mode, cost in hooks.items():
+        print(f"hooks {mode:7} {cost}", flush=True)
     if "consume" in kinds:
         from bench_consume import prefill
         prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
@@ -234,7 +270,7 @@ def main() -> None:
                             "publish_messages": args.publish_messages,
                             "body_bytes": BODY, "repeat": args.repeat,
                             "sdk_export_interval_s": args.interval},
-               "summary": summary, "runs": runs}
+               "hook_costs": hooks, "summary": summary, "runs": runs}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"written to {args.json}")
 

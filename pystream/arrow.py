@@ -1,14 +1,17 @@
-"""Arrow helpers the consumer and the producer share: row selection that
+"""Arrow helpers the consumer and the producers share: row selection that
 also works on ``binary_view`` columns, which Arrow 26 has no take or filter
-kernels for."""
+kernels for, and what the producers accept as one RecordBatch."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+#: What a producer publishes: bodies, or a batch or table with a body column.
+Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
 
 
 def take_rows(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
@@ -49,3 +52,21 @@ def rows_matching(batch: pa.RecordBatch, expression: pc.Expression) -> np.ndarra
     table = pa.Table.from_batches([batch.select(plain)]).append_column(
         "__row", pa.array(np.arange(batch.num_rows)))
     return table.filter(expression).column("__row").to_numpy()
+
+
+def as_batch(messages: Batch) -> pa.RecordBatch:
+    """What ``send_batch`` takes, as one RecordBatch with a body column."""
+    if isinstance(messages, pa.Table):
+        batches = messages.combine_chunks().to_batches()
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=messages.schema)
+        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    if isinstance(messages, pa.RecordBatch):
+        if "body" not in messages.schema.names:
+            raise ValueError("a RecordBatch to publish needs a body column")
+        return messages
+    if isinstance(messages, pa.ChunkedArray):
+        messages = messages.combine_chunks()
+    if not isinstance(messages, pa.Array):
+        messages = pa.array(messages, pa.binary())
+    return pa.RecordBatch.from_arrays([messages], names=["body"])

@@ -8,7 +8,8 @@ from typing import Any
 
 from .admin import STREAM_ARGUMENTS, Admin, StreamInfo
 from .consumer import Consumer
-from .producer import Producer, SuperStreamProducer
+from .producer import Producer
+from .super_stream import SuperStreamProducer
 from .uri import BrokerAddress
 
 __all__ = ["Client", "StreamInfo", "STREAM_ARGUMENTS", "connect"]

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 import pyarrow as pa
@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 
 from . import metrics
 from . import protocol as P
-from ._core import encode_publish, murmur3_32, schema
-from .arrow import take_rows
+from ._core import encode_publish, schema
+from .arrow import Batch, as_batch
 from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
                      ConnectionLost, PublishError, RequestTimeout, StreamError,
                      next_retry_delay)
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pystream.producer")
 
-Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
 FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
 
 PROPERTIES = schema(columns=["properties"]).field("properties").type
@@ -201,7 +200,7 @@ class Producer:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids this producer sent,
         and ids the broker already has for ``name`` are dropped by it."""
-        batch = _as_batch(messages)
+        batch = as_batch(messages)
         if batch.num_rows == 0:
             done: Future = Future()
             done.set_result(self.last_publishing_id)
@@ -512,89 +511,6 @@ class Producer:
                 pass  # the futures carry the error
 
 
-class SuperStreamProducer:
-    """Publishes to the partitions of a super stream, routing each message
-    by ``routing_key``: the name of a column or application property, or a
-    callable from the batch to keys (strings). The partition is
-    ``(murmur3_32(utf8(key), seed 104729) & 0x7FFFFFFF) % partitions``, as the
-    Java and Go clients route, so a key lands in the same partition whoever
-    wrote it. ``route`` replaces that with a callable from the batch to
-    partition indices. Other options as for ``Producer``."""
-
-    def __init__(self, client: Admin, super_stream: str, *,
-                 routing_key: str | Callable[[pa.RecordBatch], Any] | None = None,
-                 route: Callable[[pa.RecordBatch], Any] | None = None,
-                 **options: Any) -> None:
-        if (routing_key is None) == (route is None):
-            raise ValueError("give routing_key or route")
-        self.client = client
-        self.super_stream = super_stream
-        self.partitions = client.partitions(super_stream)
-        self.routing_key = routing_key
-        self.route = route
-        self._producers = [Producer(client, p, **options) for p in self.partitions]
-
-    def __enter__(self) -> SuperStreamProducer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def partition_of(self, batch: pa.RecordBatch) -> np.ndarray:
-        """The partition index of each message of ``batch``."""
-        if self.route is not None:
-            return np.asarray(self.route(batch), dtype=np.int64)
-        keys = self._keys(batch)
-        hashes = murmur3_32(keys).astype(np.int64) & 0x7FFFFFFF
-        return hashes % len(self.partitions)
-
-    def _keys(self, batch: pa.RecordBatch) -> Any:
-        key = self.routing_key
-        if callable(key):
-            return key(batch)
-        if key in batch.schema.names:
-            return batch.column(key)
-        return pc.map_lookup(batch.column("application_properties"),
-                             pa.scalar(key), "first")
-
-    def send_batch(self, messages: Batch) -> Future:
-        """Route and publish; the future resolves when every partition
-        confirmed its share."""
-        batch = _as_batch(messages)
-        parts = self.partition_of(batch)
-        futures = []
-        for i, producer in enumerate(self._producers):
-            rows = np.nonzero(parts == i)[0]
-            if len(rows):
-                futures.append(producer.send_batch(take_rows(batch, rows)))
-        return _all_of(futures)
-
-    def flush(self, timeout: float | None = None) -> None:
-        for p in self._producers:
-            p.flush(timeout)
-
-    def close(self) -> None:
-        for p in self._producers:
-            p.close()
-
-
-def _as_batch(messages: Batch) -> pa.RecordBatch:
-    if isinstance(messages, pa.Table):
-        batches = messages.combine_chunks().to_batches()
-        if not batches:
-            return pa.RecordBatch.from_pylist([], schema=messages.schema)
-        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-    if isinstance(messages, pa.RecordBatch):
-        if "body" not in messages.schema.names:
-            raise ValueError("a RecordBatch to publish needs a body column")
-        return messages
-    if isinstance(messages, pa.ChunkedArray):
-        messages = messages.combine_chunks()
-    if not isinstance(messages, pa.Array):
-        messages = pa.array(messages, pa.binary())
-    return pa.RecordBatch.from_arrays([messages], names=["body"])
-
-
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
@@ -609,25 +525,3 @@ def _with_publisher_id(frames: bytes, publisher_id: int) -> bytes:
         out[pos + 8] = publisher_id  # size, key, version, then the id
         pos += 4 + size
     return bytes(out)
-
-
-def _all_of(futures: list[Future]) -> Future:
-    combined: Future = Future()
-    if not futures:
-        combined.set_result(None)
-        return combined
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def one_done(f: Future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if f.exception() is not None and not combined.done():
-            combined.set_exception(f.exception())  # type: ignore[arg-type]
-        elif last and not combined.done():
-            combined.set_result(None)
-
-    for f in futures:
-        f.add_done_callback(one_done)
-    return combined

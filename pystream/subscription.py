@@ -456,8 +456,11 @@ class Subscriptions:
 
     def _recovered(self, sub: Subscription, spec: P.OffsetSpec,
                    seconds: float) -> None:
-        where = (f"offset {spec.value}" if spec.type == P.OFFSET_OFFSET
-                 else f"its start ({spec})")
+        where = {P.OFFSET_OFFSET: f"offset {spec.value}",
+                 P.OFFSET_TIMESTAMP: f"timestamp {spec.value} ms",
+                 P.OFFSET_FIRST: "the first offset",
+                 P.OFFSET_LAST: "the last chunk",
+                 P.OFFSET_NEXT: "the next offset"}.get(spec.type, str(spec))
         who = f"consumer {self.name!r}" if self.name is not None else "consumer"
         log.warning("%s of stream %r recovered from %s: resubscribed from %s "
                     "after %.2f s", who, sub.stream,

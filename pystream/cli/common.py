@@ -148,6 +148,15 @@ def serve_metrics(args: argparse.Namespace) -> None:
     except ImportError as exc:
         raise CliError(f"--metrics-port needs opentelemetry-sdk and "
                        f"opentelemetry-exporter-prometheus ({exc})") from None
+    import signal
+
     from pystream import metrics
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
-    start_http_server(args.metrics_port, addr=args.metrics_host)
+    # The server's thread inherits a mask without SIGINT: a Ctrl-C taken by
+    # that thread would leave the main thread waiting, uninterrupted.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
