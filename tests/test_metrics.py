@@ -420,3 +420,28 @@ def test_import_graph_has_no_cycles():
             visit(node, [])
     assert "pystream.consumer" in graph["pystream.client"]
     assert "pystream.arrow" in graph["pystream.producer"]
+
+
+def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
+    """The broker refuses what a publisher it no longer knows sends (code
+    0x12): those messages are errored, by code, and no longer outstanding."""
+    from pystream import protocol as P
+    s = modern_stream
+    producer = modern.producer(s)
+    try:
+        producer.send_batch([b"kept"] * 5).result(30)
+        conn, pid = producer._connection, producer._publisher_id
+        conn.request(lambda c: P.DeletePublisher(c, pid), "delete the publisher")
+        with pytest.raises(pystream.PublishError) as refused:
+            producer.send_batch([b"refused"] * 7).result(30)
+        assert refused.value.code == 0x12
+        data = collect(reader)
+    finally:
+        producer.close()
+    dest = {"messaging__destination__name": s}
+    assert value(data, "rabbitmq.stream.published", **dest) == 12
+    assert value(data, "rabbitmq.stream.confirmed", **dest) == 5
+    assert value(data, "rabbitmq.stream.errored", error__type="code 0x12",
+                 messaging__operation__name="confirm", **dest) == 7
+    assert value(data, "rabbitmq.stream.outstanding_publish_confirmations",
+                 **dest) == 0
