@@ -144,18 +144,24 @@ _connections: dict[tuple[str, int], int] = {}
 _subscriptions: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def consumer_attributes(address: BrokerAddress, stream: str,
+                        name: str | None) -> Attributes:
+    attributes = {**base_attributes(address, stream),
+                  "messaging.operation.type": "receive",
+                  "messaging.operation.name": "deliver"}
+    if name is not None:
+        attributes["messaging.consumer.group.name"] = name
+    return attributes
+
+
 def consumer_stats(address: BrokerAddress, stream: str,
                    name: str | None) -> ConsumerStats:
     key = (address.host, address.port, stream, name)
     with _lock:
         stats = _consumer_stats.get(key)
         if stats is None:
-            attributes = {**base_attributes(address, stream),
-                          "messaging.operation.type": "receive",
-                          "messaging.operation.name": "deliver"}
-            if name is not None:
-                attributes["messaging.consumer.group.name"] = name
-            stats = _consumer_stats[key] = ConsumerStats(attributes)
+            stats = _consumer_stats[key] = ConsumerStats(
+                consumer_attributes(address, stream, name))
         return stats
 
 

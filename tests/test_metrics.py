@@ -445,3 +445,31 @@ def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
                  messaging__operation__name="confirm", **dest) == 7
     assert value(data, "rabbitmq.stream.outstanding_publish_confirmations",
                  **dest) == 0
+
+
+def test_watch_serves_its_consumers_over_the_metrics_port(modern, modern_stream):
+    s = modern_stream
+    with modern.producer(s) as producer:
+        producer.send_batch([b"x"] * 1000).result(30)
+    with modern.consumer(s, offset="first", name="scraped") as consumer:
+        consumer.read(400, timeout=30)
+        consumer.store_offset()
+    port = free_port()
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI,
+         "--metrics-port", str(port), "watch", s, "--consumer", "scraped",
+         "--interval", "0.2", "--iterations", "300"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        group = re.escape('messaging_consumer_group_name="scraped"')
+        text = scrape(port, rf"^pystream_consumer_stored_offset{{.*{group}.*}} 399\.0$",
+                      watch)
+        committed = modern.stream_stats(s)["committed_chunk_id"]
+        assert re.search(rf"^pystream_consumer_lag{{.*{group}.*}} "
+                         rf"{committed - 400}\.0$", text, re.M), text
+        # Counters belong to the consuming process, not to the watcher.
+        assert not re.search(rf"^rabbitmq_stream_consumed_total{{.*{group}", text, re.M)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err

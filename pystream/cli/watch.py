@@ -14,6 +14,7 @@ import datetime as dt
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pystream
 from pystream import metrics
@@ -38,7 +39,9 @@ class Watched:
     credit = None
 
     def __init__(self, client: pystream.Client, stream: str, name: str) -> None:
-        self.stats = metrics.consumer_stats(client.address, stream, name)
+        # Only the gauges: the counters are the consuming process's.
+        self.stats = SimpleNamespace(attributes=metrics.consumer_attributes(
+            client.address, stream, name))
         self.stored: int | None = None
         self.committed: int | None = None
         metrics.watch_subscription(self)
