@@ -116,7 +116,8 @@ class Subscription:
         committed = self.committed_chunk_id
         client = self.consumer.client
         try:
-            if client.supports("stream_stats"):
+            # Not while recovering: a collection must not wait out timeouts.
+            if self.live and client.supports("stream_stats"):
                 committed = client.stream_stats(self.stream).get(
                     "committed_chunk_id", committed)
         except StreamError:
