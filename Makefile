@@ -44,13 +44,14 @@ soak: build brokers
 
 # Decode speed (no broker), then reading and publishing end to end against
 # the modern broker beside rbfly, rstream and the wire limit, latency at
-# fixed rates (plots in bench/results), then Spark reading a stream beside
-# Parquet (each script has --help).
+# fixed rates (plots in bench/results), what the OpenTelemetry metrics cost,
+# then Spark reading a stream beside Parquet (each script has --help).
 bench: build brokers
 	$(PY) -m pytest bench/bench_decode.py --benchmark-only
 	$(PY) bench/bench_consume.py
 	$(PY) bench/bench_publish.py
 	$(PY) bench/bench_latency.py --json bench/results/latency.json
+	$(PY) bench/bench_otel.py --json bench/results/otel.json
 	$(PY) bench/bench_spark.py
 
 clean:

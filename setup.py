@@ -37,7 +37,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=["pystream", "pystream.spark"],
+    packages=["pystream", "pystream.cli", "pystream.spark"],
     package_data={"pystream": ["py.typed", "*.pyi", "*.pyx", "*.pxi"]},
     ext_modules=cythonize([core], language_level=3,
                           compiler_directives={"boundscheck": False,
@@ -46,8 +46,11 @@ setup(
     extras_require={
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
+        # OpenTelemetry metrics (pystream.metrics); without it they cost nothing.
+        "otel": ["opentelemetry-api>=1.23"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
                  "pika", "jinja2", "pyyaml", "atheris", "python-qpid-proton",
+                 "opentelemetry-sdk", "opentelemetry-exporter-prometheus",
                  # compresses the golden captures' snappy, lz4 and zstd sub-batches
                  "cramjam"],
         # the latency benchmark's plots

@@ -5,9 +5,10 @@ Deliver frames are decoded in C into Arrow columns; see README.md.
 
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
 from .client import Client, StreamInfo, connect
-from .consumer import Consumer, Filter, Message
+from .consumer import Consumer
 from .credit import Credit
-from .producer import Producer, SuperStreamProducer
+from .producer import Producer
+from .super_stream import SuperStreamProducer
 from .errors import (AccessRefused, AuthenticationFailure,
                      AuthenticationFailureLoopback,
                      CertificateVerificationError, ConnectionClosed,
@@ -21,14 +22,16 @@ from .errors import (AccessRefused, AuthenticationFailure,
                      SubscriptionIdAlreadyExists, SubscriptionIdDoesNotExist,
                      TruncatedFrame, UnknownFrame, UnsupportedFeature,
                      VirtualHostAccessFailure)
+from . import metrics
 from .pool import AddressResolver, Endpoint
+from .records import Filter, Message
 from .tls import tls_context
 from .uri import BrokerAddress, parse_uri
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "connect", "Client", "Endpoint", "StreamInfo",
+    "__version__", "connect", "metrics", "Client", "Endpoint", "StreamInfo",
     "BrokerAddress", "parse_uri", "AddressResolver", "tls_context",
     "Consumer", "Filter", "Message", "Credit", "Producer",
     "SuperStreamProducer", "PublishError",

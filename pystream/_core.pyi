@@ -46,6 +46,7 @@ class Chunk:
     timestamp: int
     chunk_type: int
     size: int
+    decode_ns: int
     @property
     def next_offset(self) -> int: ...
 

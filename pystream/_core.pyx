@@ -41,6 +41,7 @@ from libc.stdint cimport (int32_t, int64_t, uint8_t, uint16_t, uint32_t,
                            uint64_t, uintptr_t)
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 import numpy as np
 import pyarrow as pa

@@ -234,6 +234,7 @@ cdef class Chunk:
     cdef readonly int64_t timestamp     # ms since the epoch (broker clock)
     cdef readonly int chunk_type        # 0 user; 1, 2 tracking (no rows)
     cdef readonly uint64_t size         # frame bytes, size prefix included
+    cdef readonly int64_t decode_ns     # time spent decoding it (monotonic clock)
 
     @property
     def next_offset(self):
@@ -288,6 +289,7 @@ cdef class StreamDecoder(FrameReader):
         cdef _Builder builder
         cdef int rc
         cdef uint64_t pos
+        cdef timespec t0, t1
         self.check_idle()
         rc = ps_reader_next(&self.r, &frame, &n, &err)
         if rc == PS_NEED_MORE:
@@ -305,7 +307,9 @@ cdef class StreamDecoder(FrameReader):
                 raise_error(&err)
             self.busy = True
             with nogil:
+                clock_gettime(CLOCK_MONOTONIC, &t0)
                 rc = ps_chunk_decode(&c, &builder.b, &err)
+                clock_gettime(CLOCK_MONOTONIC, &t1)
             self.busy = False
             if rc != PS_OK:
                 builder.fail(&err)
@@ -323,4 +327,6 @@ cdef class StreamDecoder(FrameReader):
         chunk.timestamp = c.timestamp
         chunk.chunk_type = c.type
         chunk.size = 4 + <uint64_t>n
+        chunk.decode_ns = ((t1.tv_sec - t0.tv_sec) * 1000000000
+                           + (t1.tv_nsec - t0.tv_nsec))
         return chunk

@@ -17,7 +17,8 @@ from typing import Any, AsyncIterator, Callable
 import pyarrow as pa
 
 from .client import Client
-from .consumer import Consumer, Message
+from .consumer import Consumer
+from .records import Message
 
 
 async def connect(uri: str = "rabbitmq-stream://localhost",

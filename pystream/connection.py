@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Protocol
 
+from . import metrics
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
 from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
@@ -32,7 +33,7 @@ from .features import Features
 from .tls import certificate_error
 from .uri import BrokerAddress
 
-log = logging.getLogger("pystream")
+log = logging.getLogger("pystream.connection")
 
 FrameHandler = Callable[[memoryview], None]
 
@@ -133,6 +134,7 @@ class Connection:
         self._error: StreamError | None = None
         self._closing = False  # we sent Close: the broker's EOF is expected
         self._closed = threading.Event()
+        self._counted = False  # in the open connections metric
         self._last_read = self._last_write = time.monotonic()
 
     def __repr__(self) -> str:
@@ -152,6 +154,10 @@ class Connection:
         except BaseException:
             self._shutdown_socket()
             raise
+        with self._state_lock:
+            if not self._closed.is_set():
+                self._counted = True
+                metrics.connection_opened(self.address)
         if self.heartbeat:
             threading.Thread(target=self._heartbeat_loop, daemon=True,
                              name="pystream-heartbeat").start()
@@ -505,6 +511,8 @@ class Connection:
             self._error = error
             self._closed.set()
             pending, self._pending = self._pending, {}
+            if self._counted:
+                metrics.connection_closed(self.address)
         self._shutdown_socket()
         failure = error or ConnectionClosed("the connection is closed")
         for future in pending.values():

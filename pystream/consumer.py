@@ -1,247 +1,35 @@
-"""The consumer: a stream's records as Arrow batches, at the speed of the
-socket, with bounded memory and recovery that neither loses nor repeats a
-record.
+"""The consumer's reading API: a stream's records as Arrow batches, at the
+speed of the socket, with bounded memory and recovery that neither loses nor
+repeats a record.
 
-Threads: each connection's reader thread receives and decodes chunks (the C
-core, without the GIL) and queues them here; the application takes them from
-the queue; a maintenance thread per consumer resubscribes after failures and
-watches super streams for new partitions. Credit (``credit.py``) keeps the
-queue bounded; offsets (``offsets.py``) say where to start and what to store.
+``Consumer`` hands the application what the subscriptions
+(``subscription.py``: the reader threads' side, subscribing, recovery)
+queued: batches, tables or record views, moving the position, the credit and
+the stored offset as it goes.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from . import protocol as P
-from ._core import Chunk, schema
-from .credit import Credit, CreditController, subscribe_credit
-from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
-                     ConnectionLost, NoOffset, StreamDoesNotExist, StreamError,
-                     next_retry_delay)
-from .offsets import Offset, OffsetTracker, offset_spec
+from ._core import schema
+from .credit import Credit
+from .errors import StreamError
+from .offsets import Offset, offset_spec
+from .records import Filter, Message
+from .subscription import Queued, Subscription, Subscriptions
 
 if TYPE_CHECKING:
-    from .client import Client
-    from .connection import Connection
+    from .admin import Admin
 
-log = logging.getLogger("pystream")
-
-PostFilter = Union[pc.Expression, Callable[[pa.RecordBatch], Any]]
+log = logging.getLogger("pystream.consumer")
 
 
-
-@dataclass(frozen=True)
-class Filter:
-    """Broker-side filtering (RabbitMQ 3.13+): only chunks whose filter
-    values include one of ``values`` (and, with ``match_unfiltered``, chunks
-    written without filter values) are sent. The broker filters whole
-    chunks, so records of other values still arrive: ``post_filter`` drops
-    them, vectorised over each batch. It is an Arrow compute expression
-    (``pc.field("application_properties")...``) or a callable taking the
-    batch and returning a boolean mask or a filtered batch."""
-
-    values: Sequence[str]
-    match_unfiltered: bool = False
-    post_filter: PostFilter | None = None
-
-    def properties(self) -> dict[str, str]:
-        props = {f"filter.{i}": v for i, v in enumerate(self.values)}
-        props["match-unfiltered"] = "true" if self.match_unfiltered else "false"
-        return props
-
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        f = self.post_filter
-        if f is None or batch.num_rows == 0:
-            return batch
-        if isinstance(f, pc.Expression):
-            return take_rows(batch, _rows_matching(batch, f))
-        result = f(batch)
-        if isinstance(result, pa.RecordBatch):
-            return result
-        return filter_batch(batch, result)
-
-
-def _rows_matching(batch: pa.RecordBatch, expression: pc.Expression) -> np.ndarray:
-    """Rows where ``expression`` holds, evaluated without the binary_view
-    columns (Arrow 26 has no kernels for them)."""
-    plain = [i for i, t in enumerate(batch.schema.types) if t != pa.binary_view()]
-    table = pa.Table.from_batches([batch.select(plain)]).append_column(
-        "__row", pa.array(np.arange(batch.num_rows)))
-    return table.filter(expression).column("__row").to_numpy()
-
-
-def filter_batch(batch: pa.RecordBatch, mask: Any) -> pa.RecordBatch:
-    """``batch.filter(mask)`` that also works on ``binary_view`` bodies."""
-    mask = pa.array(mask, pa.bool_()) if not isinstance(mask, pa.Array) else mask
-    return take_rows(batch, pc.indices_nonzero(mask.fill_null(False)).to_numpy())
-
-
-def take_rows(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
-    """``batch.take(rows)`` that also works on ``binary_view`` bodies (Arrow
-    26 has no take kernel for them): the 16-byte views of the kept rows are
-    gathered, the body bytes stay where they are."""
-    keep = pa.array(rows, pa.int64())
-    columns = []
-    for column in batch.columns:
-        if column.type == pa.binary_view():
-            columns.append(_take_views(column, rows))
-        else:
-            columns.append(column.take(keep))
-    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
-
-
-def _take_views(array: pa.Array, rows: np.ndarray) -> pa.Array:
-    buffers = array.buffers()
-    views = np.frombuffer(buffers[1], dtype=np.uint64).reshape(-1, 2)
-    gathered = views[array.offset:array.offset + len(array)][rows]
-    validity = None
-    if array.null_count:
-        validity = pc.take(array.is_valid(), rows).buffers()[1]
-    return pa.Array.from_buffers(pa.binary_view(), len(rows),
-                                 [validity, pa.py_buffer(gathered)] + buffers[2:])
-
-
-class _Queued:
-    """A chunk waiting for the application, or (``sub`` None) the end of the
-    consumer with the error to raise there, if any."""
-
-    __slots__ = ("sub", "chunk", "batch", "handed", "filtered", "error")
-
-    def __init__(self, sub: _Subscription | None, chunk: Chunk | None,
-                 error: BaseException | None = None) -> None:
-        self.sub = sub
-        self.chunk = chunk
-        self.batch = chunk.batch if chunk is not None else None
-        self.handed = 0          # rows of ``batch`` handed so far
-        self.filtered = False    # post filter applied
-        self.error = error
-
-
-class _Subscription:
-    """One stream of a consumer on one connection; the connection's
-    ``SubscriptionSink``. Its state changes under the consumer's lock."""
-
-    def __init__(self, consumer: Consumer, stream: str, start: P.OffsetSpec,
-                 position: int | None) -> None:
-        self.consumer = consumer
-        self.stream = stream
-        self.start = start                  # offset of a fresh subscription
-        self.position = position            # next offset for the application
-        self.received: int | None = None    # next offset after the last chunk received
-        self.committed_chunk_id: int | None = None
-        self.credit = CreditController(consumer.credit_policy,
-                                       consumer.chunk_size_hint)
-        self.connection: Connection | None = None
-        self.subscription_id = -1
-        self.live = False                   # chunks from the broker are wanted
-        self.active = not consumer.single_active
-        self.tracker: OffsetTracker | None = None
-        if consumer.name is not None and consumer.auto_store:
-            self.tracker = OffsetTracker(
-                self.store_offset, every_records=consumer.store_every_records,
-                every_seconds=consumer.store_every_seconds)
-
-    def resume_spec(self) -> P.OffsetSpec:
-        """Where to subscribe again: after the last record received (queued
-        chunks stay queued), or where we started if nothing came."""
-        if self.received is not None:
-            return P.OffsetSpec(P.OFFSET_OFFSET, self.received)
-        if self.position is not None:
-            return P.OffsetSpec(P.OFFSET_OFFSET, self.position)
-        return self.start
-
-    def store_offset(self, offset: int) -> None:
-        conn = self.connection
-        if conn is None or not conn.is_open:
-            conn = self.consumer.client.connection
-        conn.send(P.StoreOffset(self.consumer.name or "", self.stream, offset))
-
-    # --- SubscriptionSink (reader thread) -----------------------------------
-
-    def on_chunk(self, chunk: Chunk) -> None:
-        self.consumer._chunk_arrived(self, chunk)
-
-    def on_chunk_error(self, error: StreamError) -> None:
-        self.consumer._end(error, after_queue=True)
-
-    def on_consumer_update(self, correlation_id: int, active: bool) -> None:
-        threading.Thread(target=self.consumer._consumer_update,
-                         args=(self, correlation_id, active),
-                         name="pystream-consumer-update", daemon=True).start()
-
-    def on_metadata_update(self, code: int) -> None:
-        log.info("stream %r moved or went away (code %#x): resubscribing",
-                 self.stream, code)
-        self.consumer._broken(self)
-
-    def on_connection_closed(self, error: StreamError | None) -> None:
-        if error is None:  # closed on purpose (client.close())
-            self.consumer._end(None, after_queue=True)
-        elif isinstance(error, (ConnectionLost, ConnectionClosed)):
-            self.consumer._broken(self)
-        else:  # bad bytes from the broker: retrying would read them again
-            self.consumer._end(error, after_queue=True)
-
-
-class Message:
-    """One record of a batch, read lazily (a view, not a copy)."""
-
-    __slots__ = ("_batch", "_row")
-
-    def __init__(self, batch: pa.RecordBatch, row: int) -> None:
-        self._batch = batch
-        self._row = row
-
-    def _get(self, column: str) -> Any:
-        i = self._batch.schema.get_field_index(column)
-        return None if i < 0 else self._batch.column(i)[self._row].as_py()
-
-    @property
-    def offset(self) -> int:
-        return self._batch.column(0)[self._row].as_py()
-
-    @property
-    def timestamp(self) -> Any:
-        """The chunk's timestamp (a UTC datetime)."""
-        return self._batch.column(1)[self._row].as_py()
-
-    @property
-    def body(self) -> bytes:
-        return self._batch.column(2)[self._row].as_py()
-
-    @property
-    def properties(self) -> dict[str, Any] | None:
-        return self._get("properties")
-
-    @property
-    def application_properties(self) -> dict[str, str] | None:
-        value = self._get("application_properties")
-        return None if value is None else dict(value)
-
-    @property
-    def message_annotations(self) -> dict[str, str] | None:
-        value = self._get("message_annotations")
-        return None if value is None else dict(value)
-
-    @property
-    def header(self) -> dict[str, Any] | None:
-        return self._get("header")
-
-    def __repr__(self) -> str:
-        return f"<Message offset={self.offset} body={self.body[:32]!r}>"
-
-
-class Consumer:
+class Consumer(Subscriptions):
     """Reads one stream, or every partition of a super stream.
 
     Iterate it for ``pyarrow.RecordBatch`` es (one per chunk, or coalesced to
@@ -283,7 +71,7 @@ class Consumer:
         the consumer (default 300).
     """
 
-    def __init__(self, client: Client, stream: str | None,
+    def __init__(self, client: Admin, stream: str | None,
                  offset: Offset = "next", *, name: str | None = None,
                  crc: bool = True, amqp: bool = True,
                  columns: Sequence[str] | None = None, body: str = "view",
@@ -307,48 +95,30 @@ class Consumer:
             features.require("single_active_consumer")
         if filter is not None:
             features.require("filtering")
-        self.client = client
-        self.name = name
-        self.filter = filter
-        self.single_active = single_active
-        self.super_stream = super_stream
-        self.credit_policy = credit or Credit.adaptive()
-        self.chunk_size_hint = client.connection.frame_max or (1 << 20)
+        super().__init__(
+            client, name=name, single_active=single_active,
+            super_stream=super_stream, filter=filter,
+            credit=credit or Credit.adaptive(),
+            decode_options=dict(
+                crc=crc, amqp=amqp, columns=columns, body=body,
+                error_policy=error_policy, max_subbatch_size=max_subbatch_size,
+                max_chunk_size=max_chunk_size),
+            start=offset_spec(offset), auto_store=auto_store,
+            store_every_records=store_every_records,
+            store_every_seconds=store_every_seconds,
+            recovery_timeout=recovery_timeout,
+            partition_refresh_seconds=partition_refresh_seconds)
         self.max_batch_rows = max_batch_rows
         self.max_batch_bytes = max_batch_bytes
-        self.auto_store = auto_store
-        self.store_every_records = store_every_records
-        self.store_every_seconds = store_every_seconds
-        self.recovery_timeout = recovery_timeout
-        self.partition_refresh_seconds = partition_refresh_seconds
-        self._decode_options = dict(
-            crc=crc, amqp=amqp, columns=columns, body=body,
-            error_policy=error_policy, max_subbatch_size=max_subbatch_size,
-            max_chunk_size=max_chunk_size)
         self.schema = schema(columns=columns, body=body,  # type: ignore[arg-type]
                              error_policy=error_policy)  # type: ignore[arg-type]
-        self._start = offset_spec(offset)
-
-        self._cond = threading.Condition()
-        self._queue: deque[_Queued] = deque()
-        self._subs: dict[str, _Subscription] = {}
-        self._broken_subs: set[_Subscription] = set()
-        self._broken_since: float | None = None
-        self._closed = False
-        self._ended = False     # no more chunks will come (see _end)
-        self._wakers: list[Callable[[], None]] = []
-        self._maintenance = threading.Event()
-
         try:
-            streams = ([stream] if stream is not None
-                       else client.partitions(super_stream))  # type: ignore[arg-type]
-            for s in streams:
-                self._subscribe(self._new_subscription(s))
+            self._start_subscriptions(
+                [stream] if stream is not None
+                else client.partitions(super_stream))  # type: ignore[arg-type]
         except BaseException:
             self.close()
             raise
-        threading.Thread(target=self._maintain, daemon=True,
-                         name="pystream-consumer").start()
 
     def __repr__(self) -> str:
         what = self.super_stream or next(iter(self._subs), "")
@@ -406,7 +176,7 @@ class Consumer:
             for row in range(item.handed, batch.num_rows):
                 sub.position = int(offsets[row]) + 1
                 yield Message(batch, row)
-            sends: list[tuple[_Subscription, int]] = []
+            sends: list[tuple[Subscription, int]] = []
             with self._cond:
                 if self._queue and self._queue[0] is item:
                     self._hand(item, sends, None)
@@ -438,17 +208,14 @@ class Consumer:
         return max(ids) if ids else None
 
     def lag(self) -> int | None:
-        """Records committed on the broker and not yet handed, summed over
-        partitions, from the broker's stream statistics (3.11+; None before).
-        Counted to the start of the last committed chunk, so it may be short
-        by up to one chunk."""
+        """Offsets committed on the broker and not yet handed, summed over
+        partitions, from the broker's stream statistics (3.11+; None
+        before). Counted to the start of the last committed chunk, so it may
+        be short by up to one chunk; 0 once caught up (see
+        ``Subscription.lag``)."""
         if not self.client.supports("stream_stats"):
             return None
-        total = 0
-        for stream, sub in list(self._subs.items()):
-            committed = self.client.stream_stats(stream).get("committed_chunk_id", -1)
-            total += max(0, committed - (sub.position or 0))
-        return total
+        return sum(sub.lag() or 0 for sub in list(self._subs.values()))
 
     def store_offset(self, offset: int | None = None) -> None:
         """Store ``offset`` (default: the last record handed) for ``name``."""
@@ -499,17 +266,13 @@ class Consumer:
                                 self.name, exc)
             self._unsubscribe(sub)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     # --- taking from the queue ------------------------------------------------
 
     def _next_batch(self, timeout: float | None,
                     max_rows: int | None = None) -> pa.RecordBatch | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            sends: list[tuple[_Subscription, int]] = []
+            sends: list[tuple[Subscription, int]] = []
             with self._cond:
                 item = self._head(deadline)
                 if item is None:
@@ -520,7 +283,7 @@ class Consumer:
             if batch is not None:
                 return batch
 
-    def _head(self, deadline: float | None) -> _Queued | None:
+    def _head(self, deadline: float | None) -> Queued | None:
         """The queue's first chunk, waiting for one until ``deadline``; None
         at the deadline or once closed. Raises the error that ended the
         consumer. Called under the lock."""
@@ -540,13 +303,15 @@ class Consumer:
             return None
         return item
 
-    def _filter(self, item: _Queued) -> None:
+    def _filter(self, item: Queued) -> None:
         if not item.filtered:
             item.filtered = True
-            if self.filter is not None:
+            if self.filter is not None and self.filter.post_filter is not None:
+                rows = item.batch.num_rows
                 item.batch = self.filter.apply(item.batch)
+                item.sub.stats.filtered += rows - item.batch.num_rows  # type: ignore[union-attr]
 
-    def _take(self, item: _Queued, sends: list,
+    def _take(self, item: Queued, sends: list,
               max_rows: int | None) -> pa.RecordBatch | None:
         """Hand rows from the head of the queue (coalescing queued chunks of
         the same stream up to the batch limits); None if it held none."""
@@ -577,7 +342,7 @@ class Consumer:
                 {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
         return batch
 
-    def _hand(self, item: _Queued, sends: list,
+    def _hand(self, item: Queued, sends: list,
               max_rows: int | None) -> pa.RecordBatch | None:
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
@@ -599,6 +364,7 @@ class Consumer:
         else:
             sub.position = batch.column(0)[end - 1].as_py() + 1
             after = end / total
+        sub.stats.consumed += end - start
         n = sub.credit.handed(chunk.size, before, after)
         if n:
             sends.append((sub, n))
@@ -608,252 +374,3 @@ class Consumer:
             except StreamError as exc:
                 log.warning("could not store the offset of %r: %s", self.name, exc)
         return out
-
-    # --- the reader threads' side -------------------------------------------
-
-    def _chunk_arrived(self, sub: _Subscription, chunk: Chunk) -> None:
-        with self._cond:
-            if not sub.live or not sub.active:
-                return
-            sub.received = max(sub.received or 0, chunk.next_offset)
-            if chunk.committed_chunk_id is not None:
-                sub.committed_chunk_id = chunk.committed_chunk_id
-            n = sub.credit.arrived(chunk.size)
-            self._queue.append(_Queued(sub, chunk))
-            self._notify()
-        if n:
-            self._send_credit(sub, n)
-
-    def _notify(self) -> None:
-        self._cond.notify_all()
-        for waker in self._wakers:
-            waker()
-
-    def _send_credit(self, sub: _Subscription, n: int) -> None:
-        conn = sub.connection
-        if conn is None or not sub.live:
-            return
-        try:
-            conn.send(P.Credit(sub.subscription_id, n))
-        except StreamError:
-            pass  # the connection is gone; recovery grants afresh
-
-    def _end(self, error: BaseException | None, *, after_queue: bool) -> None:
-        """End the consumer: ``error`` is raised to the application once the
-        records queued before it were taken (or at once); with None,
-        iteration just ends there."""
-        with self._cond:
-            if self._closed or self._ended:
-                return
-            self._ended = True
-            for sub in self._subs.values():
-                sub.live = False
-            if not after_queue:
-                self._queue.clear()
-            self._queue.append(_Queued(None, None, error))
-            self._notify()
-        self._maintenance.set()
-
-    def _broken(self, sub: _Subscription) -> None:
-        with self._cond:
-            if not sub.live or self._closed:
-                return
-            sub.live = False
-            self._broken_subs.add(sub)
-            if self._broken_since is None:
-                self._broken_since = time.monotonic()
-        self._maintenance.set()
-
-    # --- subscribing ------------------------------------------------------------
-
-    def _new_subscription(self, stream: str) -> _Subscription:
-        start, position = self._start, None
-        if self.name is not None and not self.single_active:
-            try:
-                stored = self.client.query_offset(stream, self.name)
-                start = P.OffsetSpec(P.OFFSET_OFFSET, stored + 1)
-            except NoOffset:
-                pass
-        if start.type == P.OFFSET_OFFSET:
-            position = start.value
-        sub = _Subscription(self, stream, start, position)
-        self._subs[stream] = sub
-        return sub
-
-    def _subscribe(self, sub: _Subscription) -> None:
-        """Subscribe ``sub`` on a connection to a node holding its stream."""
-        spec = sub.resume_spec()
-        endpoint = self.client.locate(sub.stream)
-        conn = self.client.pool.acquire(endpoint)
-        try:
-            start_offset = spec.value if spec.type == P.OFFSET_OFFSET else 0
-            sub_id = conn.add_subscription(sub, start_offset=start_offset,
-                                           **self._decode_options)
-        except BaseException:
-            self.client.pool.release(conn)
-            raise
-        with self._cond:
-            sub.connection, sub.subscription_id = conn, sub_id
-            sub.live = True
-            now, after = subscribe_credit(sub.credit.start())
-        try:
-            conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
-                                               now, self._properties()),
-                         f"subscribe to {sub.stream!r}")
-        except BaseException:
-            with self._cond:
-                sub.live = False
-            conn.remove_subscription(sub_id)
-            self.client.pool.release(conn)
-            sub.connection = None
-            raise
-        if after:
-            try:
-                conn.send(P.Credit(sub_id, after))
-            except StreamError:
-                # Deliveries on the initial credit may already have broken
-                # the connection: ``sub`` heard of it, and recovers or ends
-                # after handing over what it read.
-                pass
-
-    def _properties(self) -> dict[str, str]:
-        props: dict[str, str] = {}
-        if self.name is not None:
-            props["name"] = self.name
-        if self.single_active:
-            props["single-active-consumer"] = "true"
-            if self.super_stream is not None:
-                props["super-stream"] = self.super_stream
-        if self.filter is not None:
-            props.update(self.filter.properties())
-        return props
-
-    def _unsubscribe(self, sub: _Subscription) -> None:
-        with self._cond:
-            conn, sub.connection = sub.connection, None
-        if conn is None:
-            return
-        if conn.is_open:
-            try:
-                conn.request(lambda c: P.Unsubscribe(c, sub.subscription_id),
-                             f"unsubscribe from {sub.stream!r}", timeout=5.0)
-            except StreamError:
-                pass  # going anyway
-        conn.remove_subscription(sub.subscription_id)
-        self.client.pool.release(conn)
-
-    def _consumer_update(self, sub: _Subscription, corr: int,
-                         active: bool) -> None:
-        """Single active consumer: the broker made this subscription active
-        (answer where to start) or inactive (give back what is queued)."""
-        conn = sub.connection
-        if conn is None:
-            return
-        spec = P.OffsetSpec(P.OFFSET_NEXT)
-        try:
-            with self._cond:
-                dropped = [q for q in self._queue if q.sub is sub]
-                for q in dropped:
-                    self._queue.remove(q)
-                    sub.credit.dropped(q.chunk.size)  # type: ignore[union-attr]
-                sub.active = active
-                sub.received = None
-            if active:
-                spec = sub.start
-                try:
-                    stored = self.client.query_offset(sub.stream, self.name or "")
-                    resume = max(stored + 1, sub.position or 0)
-                    spec = P.OffsetSpec(P.OFFSET_OFFSET, resume)
-                except NoOffset:
-                    if sub.position is not None:
-                        spec = P.OffsetSpec(P.OFFSET_OFFSET, sub.position)
-                if spec.type == P.OFFSET_OFFSET:
-                    sub.position = spec.value
-                    conn.update_subscription(
-                        sub.subscription_id, start_offset=spec.value,
-                        **self._decode_options)
-            elif sub.tracker is not None:
-                sub.tracker.flush(sub.position)
-            conn.send(P.ConsumerUpdateResponse(corr, P.RESPONSE_OK, spec))
-        except StreamError as exc:
-            log.warning("consumer update of %r failed: %s", sub.stream, exc)
-
-    # --- maintenance thread -----------------------------------------------------
-
-    def _maintain(self) -> None:
-        """Resubscribe broken subscriptions with backoff; pick up new
-        partitions of a super stream."""
-        delay = FIRST_RETRY_DELAY
-        next_refresh = time.monotonic() + self.partition_refresh_seconds
-        while True:
-            with self._cond:
-                broken = list(self._broken_subs)
-            wait = (delay if broken else
-                    max(0.0, next_refresh - time.monotonic())
-                    if self.super_stream is not None else None)
-            if wait is None or wait > 0:
-                self._maintenance.wait(wait)
-                self._maintenance.clear()
-            if self._closed or self._ended:
-                for sub in list(self._subs.values()):
-                    self._unsubscribe(sub)
-                return
-            with self._cond:
-                broken = list(self._broken_subs)
-            if broken:
-                delay = self._recover(broken, delay)
-            elif (self.super_stream is not None
-                    and time.monotonic() >= next_refresh):
-                next_refresh = time.monotonic() + self.partition_refresh_seconds
-                self._refresh_partitions()
-
-    def _release(self, sub: _Subscription) -> None:
-        """Drop a broken subscription's connection (no Unsubscribe: the
-        broker already forgot it)."""
-        with self._cond:
-            conn, sub.connection = sub.connection, None
-        if conn is not None:
-            conn.remove_subscription(sub.subscription_id)
-            self.client.pool.release(conn)
-
-    def _recover(self, broken: list[_Subscription], delay: float) -> float:
-        """One attempt at every broken subscription; the next delay."""
-        for sub in broken:
-            self._release(sub)
-            try:
-                self._subscribe(sub)
-            except StreamDoesNotExist as exc:
-                self._end(exc, after_queue=True)
-                return delay
-            except RECOVERABLE as exc:
-                log.info("resubscribing to %r failed: %s", sub.stream, exc)
-                since = self._broken_since or time.monotonic()
-                if time.monotonic() - since > self.recovery_timeout:
-                    self._end(ConnectionLost(
-                        f"stream {sub.stream!r} unreachable for "
-                        f"{self.recovery_timeout:g} s: {exc}"), after_queue=True)
-                return next_retry_delay(delay)
-            except StreamError as exc:
-                self._end(exc, after_queue=True)
-                return delay
-            with self._cond:
-                self._broken_subs.discard(sub)
-                if not self._broken_subs:
-                    self._broken_since = None
-            log.info("resubscribed to %r at %s", sub.stream, sub.resume_spec())
-        return FIRST_RETRY_DELAY
-
-    def _refresh_partitions(self) -> None:
-        try:
-            streams = self.client.partitions(self.super_stream)  # type: ignore[arg-type]
-        except StreamError as exc:
-            log.info("partitions of %r: %s", self.super_stream, exc)
-            return
-        for stream in streams:
-            if stream not in self._subs:
-                # A new partition: everything in it is new to this consumer.
-                sub = _Subscription(self, stream, P.OffsetSpec(P.OFFSET_FIRST), None)
-                with self._cond:
-                    self._subs[stream] = sub
-                    self._broken_subs.add(sub)
-                self._maintenance.set()

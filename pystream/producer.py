@@ -17,26 +17,26 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import metrics
 from . import protocol as P
-from ._core import encode_publish, murmur3_32, schema
-from .consumer import take_rows
+from ._core import encode_publish, schema
+from .arrow import Batch, as_batch
 from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
                      ConnectionLost, PublishError, RequestTimeout, StreamError,
                      next_retry_delay)
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .admin import Admin
     from .connection import Connection
 
-log = logging.getLogger("pystream")
+log = logging.getLogger("pystream.producer")
 
-Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
 FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
 
 PROPERTIES = schema(columns=["properties"]).field("properties").type
@@ -116,7 +116,7 @@ class Producer:
     entries), ``recovery_timeout``.
     """
 
-    def __init__(self, client: Client, stream: str, *, name: str | None = None,
+    def __init__(self, client: Admin, stream: str, *, name: str | None = None,
                  batch_size: int = 1000, linger_ms: float = 10.0,
                  compression: str | None = None, sub_batch_size: int = 100,
                  filter_value: FilterValue = None, max_in_flight: int = 100_000,
@@ -157,6 +157,8 @@ class Producer:
         self._recovering = False
         self._last_sent = 0            # last id this producer sent
         self.last_publishing_id = 0    # ... or the broker had for its name
+        self._stats = metrics.publisher_stats(client.address, stream)
+        metrics.instruments()
         self._connect()
         if name is not None:
             self.last_publishing_id = client.query_publisher_sequence(stream, name)
@@ -202,7 +204,7 @@ class Producer:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids this producer sent,
         and ids the broker already has for ``name`` are dropped by it."""
-        batch = _as_batch(messages)
+        batch = as_batch(messages)
         if batch.num_rows == 0:
             done: Future = Future()
             done.set_result(self.last_publishing_id)
@@ -318,6 +320,8 @@ class Producer:
             with self._cond:
                 self._pending.append(record)
                 self._in_flight += record.messages
+                self._stats.published += record.messages
+                self._stats.written_bytes += len(frames)
                 self._last_sent = record.last_id
                 self.last_publishing_id = max(self.last_publishing_id,
                                               record.last_id)
@@ -361,34 +365,52 @@ class Producer:
             while pending and pending[0].remaining <= 0:
                 b = pending.popleft()
                 self._in_flight -= b.messages
+                self._count_settled(b)
                 done.append(b)
             if done:
                 self._cond.notify_all()
         for b in done:
             b.resolve()
 
+    def _count_settled(self, b: _Batch, error: BaseException | None = None) -> None:
+        """Count a batch's messages as confirmed or errored (by the broker's
+        code, or the error that failed the producer), under the lock."""
+        stats = self._stats
+        refused = 0
+        for pid, code in b.failures:
+            n = int(b.counts[pid - b.first_id])
+            kind = f"code {code:#04x}"
+            stats.errored[kind] = stats.errored.get(kind, 0) + n
+            refused += n
+        if error is not None:
+            kind = type(error).__name__
+            stats.errored[kind] = stats.errored.get(kind, 0) + b.messages - refused
+        else:
+            stats.confirmed += b.messages - refused
+
     # --- connection and recovery --------------------------------------------
 
     def on_metadata_update(self, code: int) -> None:
         log.info("stream %r moved or went away (code %#x): reconnecting the "
                  "producer", self.stream, code)
-        self._lost()
+        self._lost("metadata_update")
 
     def on_connection_closed(self, error: StreamError | None) -> None:
         if error is None and not self._closed:
             self._fail(ConnectionClosed("the client was closed"))
         elif error is not None:
-            self._lost()
+            self._lost("connection_closed" if isinstance(error, ConnectionClosed)
+                       else "connection_lost")
 
-    def _lost(self) -> None:
+    def _lost(self, cause: str) -> None:
         with self._cond:
             if self._closed or self._recovering or self._error is not None:
                 return
             self._recovering = True
-        threading.Thread(target=self._recover, daemon=True,
+        threading.Thread(target=self._recover, args=(cause,), daemon=True,
                          name="pystream-producer-recovery").start()
 
-    def _recover(self) -> None:
+    def _recover(self, cause: str) -> None:
         self._disconnect(delete=False)
         started = time.monotonic()
         delay = FIRST_RETRY_DELAY
@@ -398,14 +420,17 @@ class Producer:
                     self._connect()
                     with self._cond:
                         frames = [b.frames for b in self._pending]
+                        first = (self._pending[0].first_id if self._pending
+                                 else None)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
                         self._connection.send_bytes(  # type: ignore[union-attr]
                             _with_publisher_id(f, self._publisher_id))
+                        self._stats.written_bytes += len(f)
                 with self._cond:
                     self._recovering = False
-                log.info("producer on %r reconnected; %d batches sent again",
-                         self.stream, len(frames))
+                self._recovered(cause, first, len(frames),
+                                time.monotonic() - started)
                 return
             except RECOVERABLE as exc:
                 if time.monotonic() - started > self.recovery_timeout:
@@ -419,6 +444,16 @@ class Producer:
             except Exception as exc:  # e.g. the stream deleted, a password changed
                 self._fail(exc)
                 return
+
+    def _recovered(self, cause: str, first: int | None, batches: int,
+                   seconds: float) -> None:
+        who = f"producer {self.name!r}" if self.name is not None else "producer"
+        resent = (f"sent {batches} unconfirmed batches again from publishing "
+                  f"id {first}" if first is not None else "nothing to send again")
+        log.warning("%s of stream %r recovered from %s: %s after %.2f s", who,
+                    self.stream, cause.replace("_", " "), resent, seconds)
+        metrics.recovered("producer", cause, self.stream, seconds,
+                          self.client.address)
 
     def _connect(self) -> None:
         endpoint = self.client.locate(self.stream, replica=False)
@@ -457,6 +492,8 @@ class Producer:
             self._error = error
             pending, self._pending = list(self._pending), deque()
             self._in_flight = 0
+            for b in pending:
+                self._count_settled(b, error)
             self._cond.notify_all()
         for b in pending:
             b.fail(error)
@@ -478,89 +515,6 @@ class Producer:
                 pass  # the futures carry the error
 
 
-class SuperStreamProducer:
-    """Publishes to the partitions of a super stream, routing each message
-    by ``routing_key``: the name of a column or application property, or a
-    callable from the batch to keys (strings). The partition is
-    ``(murmur3_32(utf8(key), seed 104729) & 0x7FFFFFFF) % partitions``, as the
-    Java and Go clients route, so a key lands in the same partition whoever
-    wrote it. ``route`` replaces that with a callable from the batch to
-    partition indices. Other options as for ``Producer``."""
-
-    def __init__(self, client: Client, super_stream: str, *,
-                 routing_key: str | Callable[[pa.RecordBatch], Any] | None = None,
-                 route: Callable[[pa.RecordBatch], Any] | None = None,
-                 **options: Any) -> None:
-        if (routing_key is None) == (route is None):
-            raise ValueError("give routing_key or route")
-        self.client = client
-        self.super_stream = super_stream
-        self.partitions = client.partitions(super_stream)
-        self.routing_key = routing_key
-        self.route = route
-        self._producers = [Producer(client, p, **options) for p in self.partitions]
-
-    def __enter__(self) -> SuperStreamProducer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def partition_of(self, batch: pa.RecordBatch) -> np.ndarray:
-        """The partition index of each message of ``batch``."""
-        if self.route is not None:
-            return np.asarray(self.route(batch), dtype=np.int64)
-        keys = self._keys(batch)
-        hashes = murmur3_32(keys).astype(np.int64) & 0x7FFFFFFF
-        return hashes % len(self.partitions)
-
-    def _keys(self, batch: pa.RecordBatch) -> Any:
-        key = self.routing_key
-        if callable(key):
-            return key(batch)
-        if key in batch.schema.names:
-            return batch.column(key)
-        return pc.map_lookup(batch.column("application_properties"),
-                             pa.scalar(key), "first")
-
-    def send_batch(self, messages: Batch) -> Future:
-        """Route and publish; the future resolves when every partition
-        confirmed its share."""
-        batch = _as_batch(messages)
-        parts = self.partition_of(batch)
-        futures = []
-        for i, producer in enumerate(self._producers):
-            rows = np.nonzero(parts == i)[0]
-            if len(rows):
-                futures.append(producer.send_batch(take_rows(batch, rows)))
-        return _all_of(futures)
-
-    def flush(self, timeout: float | None = None) -> None:
-        for p in self._producers:
-            p.flush(timeout)
-
-    def close(self) -> None:
-        for p in self._producers:
-            p.close()
-
-
-def _as_batch(messages: Batch) -> pa.RecordBatch:
-    if isinstance(messages, pa.Table):
-        batches = messages.combine_chunks().to_batches()
-        if not batches:
-            return pa.RecordBatch.from_pylist([], schema=messages.schema)
-        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-    if isinstance(messages, pa.RecordBatch):
-        if "body" not in messages.schema.names:
-            raise ValueError("a RecordBatch to publish needs a body column")
-        return messages
-    if isinstance(messages, pa.ChunkedArray):
-        messages = messages.combine_chunks()
-    if not isinstance(messages, pa.Array):
-        messages = pa.array(messages, pa.binary())
-    return pa.RecordBatch.from_arrays([messages], names=["body"])
-
-
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
@@ -575,28 +529,6 @@ def _with_publisher_id(frames: bytes, publisher_id: int) -> bytes:
         out[pos + 8] = publisher_id  # size, key, version, then the id
         pos += 4 + size
     return bytes(out)
-
-
-def _all_of(futures: list[Future]) -> Future:
-    combined: Future = Future()
-    if not futures:
-        combined.set_result(None)
-        return combined
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def one_done(f: Future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if f.exception() is not None and not combined.done():
-            combined.set_exception(f.exception())  # type: ignore[arg-type]
-        elif last and not combined.done():
-            combined.set_result(None)
-
-    for f in futures:
-        f.add_done_callback(one_done)
-    return combined
 
 
 def _check_symbols(properties: dict[str, Any] | None,

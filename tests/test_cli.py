@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pystream
+import pystream.ranges
 from pystream import cli
 
 from .conftest import EXTERNAL_URI, MANAGEMENT, MODERN_URI, TLS_PORT
@@ -318,10 +319,10 @@ def test_dump_range_with_progress(filled, tmp_path, capsys):
 @pytest.mark.broker
 def test_interrupted_dump_leaves_no_file(filled, tmp_path, capsys, monkeypatch):
     def one_batch_then_ctrl_c(*args, **kwargs):
-        yield from pystream.spark.read_range(*args, **kwargs)
+        yield from pystream.ranges.read_range(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "read_range", one_batch_then_ctrl_c)
+    monkeypatch.setattr(cli.dump, "read_range", one_batch_then_ctrl_c)
     status, _, _ = run(capsys, "--uri", MODERN_URI, "dump", filled,
                        "--to", str(tmp_path / "out.parquet"))
     assert status == 130
@@ -521,7 +522,7 @@ def test_bench_passes_arguments_through(capfd):
 
 
 def test_bench_without_the_scripts(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path / "bench")
+    monkeypatch.setattr(cli.bench, "BENCH_DIR", tmp_path / "bench")
     status, out, err = run(capsys, "bench", "latency", "--rates", "1000")
     assert status == 2 and out == ""
     assert err.startswith("pystream: error: ") and err.count("\n") == 1

@@ -1,7 +1,8 @@
 """Credentials audit: a broker user with a distinctive password, and every
 place a password could leak checked for it: ``repr``/``str`` of the public
-objects, every log record pystream writes (debug included) through
-connecting, publishing, consuming and recovering from a closed connection,
+objects, every log record pystream writes (debug included) and every
+metric (attributes and values) through connecting, publishing, consuming and
+recovering from a closed connection,
 the text and whole traceback of the errors a user sees, and what a Spark
 plan pickles for its executors."""
 
@@ -50,6 +51,7 @@ def everything_said(error: BaseException) -> str:
 def test_no_password_in_reprs_or_logs(audit_uri, password, stream_name, caplog):
     caplog.set_level(logging.DEBUG)
     seen: list[str] = []
+    reader = metrics_reader()
     with pystream.connect(audit_uri, heartbeat=2) as client:
         client.create_stream(stream_name)
         address = pystream.parse_uri(audit_uri)
@@ -67,13 +69,30 @@ def test_no_password_in_reprs_or_logs(audit_uri, password, stream_name, caplog):
             with client.producer(stream_name) as producer:
                 producer.send_batch([b"after"] * 10).result(30)
             assert consumer.read(10, timeout=60).num_rows == 10
+            # Every metric's attributes and values, the recovery's included.
+            seen += [repr(reader.get_metrics_data().to_json())]
         client.delete_stream(stream_name)
     logged = [r.getMessage() for r in caplog.records]
     logged += ["".join(traceback.format_exception(*r.exc_info))
                for r in caplog.records if r.exc_info]
     assert any("resubscribed" in line for line in logged)
+    recoveries = [r for r in caplog.records if r.levelno == logging.WARNING
+                  and "recovered from" in r.getMessage()]
+    assert recoveries and all(r.name.startswith("pystream.") for r in recoveries)
+    assert "pystream.recoveries" in seen[-1]
     for text in seen + logged:
         assert password not in text, text
+
+
+def metrics_reader():
+    """pystream's metrics on a fresh SDK meter provider, read in memory."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from pystream import metrics
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
 
 
 def test_no_password_in_errors(audit_uri, password):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -55,6 +56,8 @@ from ..errors import DataLoss, StreamDoesNotExist
 from ..ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
                      client_for, read_range, resolve, split_ranges,
                      start_offset, stream_bounds)
+
+log = logging.getLogger("pystream.spark")
 
 OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
 #: Spark's Kafka source writes these for earliest and latest in JSON offsets.
@@ -323,6 +326,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if config.fail_on_data_loss:
                     raise DataLoss(f"{stream!r} was deleted while the query "
                                    f"read it (failOnDataLoss=false drops it)") from None
+                log.warning("stream %r was deleted while the query read it: "
+                            "dropped from the query (failOnDataLoss=false)", stream)
                 continue
             # A new super stream partition is read from its beginning.
             lo = start_offset(_from_offset(start.get(stream, "earliest")), client,

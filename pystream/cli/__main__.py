@@ -1,0 +1,5 @@
+"""``python -m pystream.cli``."""
+
+from pystream.cli import main
+
+raise SystemExit(main())

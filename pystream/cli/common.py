@@ -1,0 +1,162 @@
+"""What the commands share: the broker options turned into a connection,
+argument types, the error a command raises to print one line."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import pathlib
+import re
+from typing import Any, Callable, Union
+
+import pyarrow as pa
+
+import pystream
+from pystream.tls import tls_options
+
+DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+MANAGEMENT_PORT = 15672
+MANAGEMENT_TLS_PORT = 15671
+OPTIONAL_COLUMNS = ("properties", "application_properties",
+                    "message_annotations", "header")
+
+#: ``--from``: "first", "last", "next", an offset or a time.
+Start = Union[str, int, dt.datetime]
+Emit = Callable[[pa.RecordBatch], None]
+
+
+class CliError(Exception):
+    """A failure whose message is already the line to print."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def broker_uri(text: str) -> str:
+    try:
+        pystream.parse_uri(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def start_spec(text: str) -> Start:
+    if text in ("first", "last", "next"):
+        return text
+    if _is_number(text):
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected first, last, next, an offset or an ISO 8601 time, "
+            f"not {text!r}") from None
+    return when.astimezone()  # a naive time is local time
+
+
+def _is_number(text: str) -> bool:
+    return re.fullmatch(r"[0-9]+", text) is not None  # str.isdigit takes "²"
+
+
+def positive_int(text: str) -> int:
+    if not _is_number(text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    if not _is_number(text) or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port (0-65535), not {text!r}")
+    return int(text)
+
+
+def offset_int(text: str) -> int:
+    if not _is_number(text):
+        raise argparse.ArgumentTypeError(f"expected an offset (an integer "
+                                         f">= 0), not {text!r}")
+    return int(text)
+
+
+def columns_list(text: str) -> list[str]:
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = names.difference(OPTIONAL_COLUMNS)
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown column {', '.join(sorted(unknown))}; the optional "
+            f"columns are {', '.join(OPTIONAL_COLUMNS)}")
+    # The decoder's order, so the file's schema is the same whatever order
+    # the names were given in.
+    return [name for name in OPTIONAL_COLUMNS if name in names]
+
+
+def dump_path(text: str) -> pathlib.Path:
+    path = pathlib.Path(text)
+    if path.suffix.lower() not in (".parquet", ".arrow"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the file name must end in .parquet or .arrow")
+    return path
+
+
+def max_age(text: str) -> str:
+    if not re.fullmatch(r"[0-9]+[YMDhms]", text):
+        raise argparse.ArgumentTypeError(
+            f"expected a number and one of Y, M, D, h, m, s (7D), not {text!r}")
+    return text
+
+
+def management_url(text: str) -> str:
+    if not re.match(r"https?://", text):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, "
+                                         f"not {text!r}")
+    return text.rstrip("/")
+
+
+def connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of ``pystream.connect`` the global options ask for; the
+    TLS context is built (its files read) here."""
+    return {"connection_name": "pystream cli",
+            **tls_options(pystream.parse_uri(args.uri).tls, ca_file=args.ca_file,
+                          cert_file=args.cert_file, key_file=args.key_file,
+                          sasl_mechanism=args.sasl_mechanism)}
+
+
+def connect(args: argparse.Namespace) -> pystream.Client:
+    return pystream.connect(args.uri, **connection_options(args))
+
+
+def serve_metrics(args: argparse.Namespace) -> None:
+    """With --metrics-port: an OpenTelemetry SDK meter provider for
+    pystream's metrics, read by the Prometheus exporter and served over HTTP
+    on --metrics-host (the command's life long)."""
+    if args.metrics_port is None:
+        return
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import start_http_server
+    except ImportError as exc:
+        raise CliError(f"--metrics-port needs opentelemetry-sdk and "
+                       f"opentelemetry-exporter-prometheus ({exc})") from None
+    import signal
+
+    from pystream import metrics
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+    # The server's thread inherits a mask without SIGINT: a Ctrl-C taken by
+    # that thread would leave the main thread waiting, uninterrupted.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

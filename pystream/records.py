@@ -1,0 +1,94 @@
+"""What the application sees of single records: ``Message``, a lazy view
+of one row of a batch, and ``Filter``, broker-side filtering with a
+vectorised post filter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .arrow import filter_batch, rows_matching, take_rows
+
+PostFilter = Union[pc.Expression, Callable[[pa.RecordBatch], Any]]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Broker-side filtering (RabbitMQ 3.13+): only chunks whose filter
+    values include one of ``values`` (and, with ``match_unfiltered``, chunks
+    written without filter values) are sent. The broker filters whole
+    chunks, so records of other values still arrive: ``post_filter`` drops
+    them, vectorised over each batch. It is an Arrow compute expression
+    (``pc.field("application_properties")...``) or a callable taking the
+    batch and returning a boolean mask or a filtered batch."""
+
+    values: Sequence[str]
+    match_unfiltered: bool = False
+    post_filter: PostFilter | None = None
+
+    def properties(self) -> dict[str, str]:
+        props = {f"filter.{i}": v for i, v in enumerate(self.values)}
+        props["match-unfiltered"] = "true" if self.match_unfiltered else "false"
+        return props
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        f = self.post_filter
+        if f is None or batch.num_rows == 0:
+            return batch
+        if isinstance(f, pc.Expression):
+            return take_rows(batch, rows_matching(batch, f))
+        result = f(batch)
+        if isinstance(result, pa.RecordBatch):
+            return result
+        return filter_batch(batch, result)
+
+
+class Message:
+    """One record of a batch, read lazily (a view, not a copy)."""
+
+    __slots__ = ("_batch", "_row")
+
+    def __init__(self, batch: pa.RecordBatch, row: int) -> None:
+        self._batch = batch
+        self._row = row
+
+    def _get(self, column: str) -> Any:
+        i = self._batch.schema.get_field_index(column)
+        return None if i < 0 else self._batch.column(i)[self._row].as_py()
+
+    @property
+    def offset(self) -> int:
+        return self._batch.column(0)[self._row].as_py()
+
+    @property
+    def timestamp(self) -> Any:
+        """The chunk's timestamp (a UTC datetime)."""
+        return self._batch.column(1)[self._row].as_py()
+
+    @property
+    def body(self) -> bytes:
+        return self._batch.column(2)[self._row].as_py()
+
+    @property
+    def properties(self) -> dict[str, Any] | None:
+        return self._get("properties")
+
+    @property
+    def application_properties(self) -> dict[str, str] | None:
+        value = self._get("application_properties")
+        return None if value is None else dict(value)
+
+    @property
+    def message_annotations(self) -> dict[str, str] | None:
+        value = self._get("message_annotations")
+        return None if value is None else dict(value)
+
+    @property
+    def header(self) -> dict[str, Any] | None:
+        return self._get("header")
+
+    def __repr__(self) -> str:
+        return f"<Message offset={self.offset} body={self.body[:32]!r}>"

@@ -1,0 +1,485 @@
+"""Subscriptions: a consumer's streams on the broker's connections, what
+the reader threads hand them, and recovery.
+
+Each connection's reader thread receives and decodes chunks (the C core,
+without the GIL) and queues them here; a maintenance thread per consumer
+resubscribes after failures (with backoff, after the last record received)
+and watches super streams for new partitions. Credit (``credit.py``) keeps
+the queue bounded; offsets (``offsets.py``) say where to start and what to
+store. The reading API on top of the queue is ``consumer.Consumer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import metrics
+from . import protocol as P
+from ._core import Chunk
+from .credit import Credit, CreditController, subscribe_credit
+from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
+                     ConnectionLost, NoOffset, StreamDoesNotExist, StreamError,
+                     next_retry_delay)
+from .offsets import OffsetTracker
+from .records import Filter
+
+if TYPE_CHECKING:
+    from .admin import Admin
+    from .connection import Connection
+
+log = logging.getLogger("pystream.consumer")
+
+IDLE_SECONDS = 1.0  # lag: no chunk for this long with credit is caught up
+
+
+class Queued:
+    """A chunk waiting for the application, or (``sub`` None) the end of the
+    consumer with the error to raise there, if any."""
+
+    __slots__ = ("sub", "chunk", "batch", "handed", "filtered", "error")
+
+    def __init__(self, sub: Subscription | None, chunk: Chunk | None,
+                 error: BaseException | None = None) -> None:
+        self.sub = sub
+        self.chunk = chunk
+        self.batch = chunk.batch if chunk is not None else None
+        self.handed = 0          # rows of ``batch`` handed so far
+        self.filtered = False    # post filter applied
+        self.error = error
+
+
+
+class Subscription:
+    """One stream of a consumer on one connection; the connection's
+    ``SubscriptionSink``. Its state changes under the consumer's lock."""
+
+    def __init__(self, consumer: Subscriptions, stream: str, start: P.OffsetSpec,
+                 position: int | None) -> None:
+        self.consumer = consumer
+        self.stream = stream
+        self.start = start                  # offset of a fresh subscription
+        self.position = position            # next offset for the application
+        self.received: int | None = None    # next offset after the last chunk received
+        self.committed_chunk_id: int | None = None
+        self.credit = CreditController(consumer.credit_policy,
+                                       consumer.chunk_size_hint)
+        self.connection: Connection | None = None
+        self.subscription_id = -1
+        self.live = False                   # chunks from the broker are wanted
+        self.active = not consumer.single_active
+        self.tracker: OffsetTracker | None = None
+        if consumer.name is not None and consumer.auto_store:
+            self.tracker = OffsetTracker(
+                self.store_offset, every_records=consumer.store_every_records,
+                every_seconds=consumer.store_every_seconds)
+        self.stored: int | None = None      # last offset stored
+        self.last_arrival = 0.0             # monotonic time of the last chunk
+        self.broken_at: float | None = None  # when it failed, and why
+        self.cause = ""
+        self.stats = metrics.consumer_stats(consumer.client.address, stream,
+                                            consumer.name)
+        metrics.watch_subscription(self)
+
+    def resume_spec(self) -> P.OffsetSpec:
+        """Where to subscribe again: after the last record received (queued
+        chunks stay queued), or where we started if nothing came."""
+        if self.received is not None:
+            return P.OffsetSpec(P.OFFSET_OFFSET, self.received)
+        if self.position is not None:
+            return P.OffsetSpec(P.OFFSET_OFFSET, self.position)
+        return self.start
+
+    def store_offset(self, offset: int) -> None:
+        conn = self.connection
+        if conn is None or not conn.is_open:
+            conn = self.consumer.client.connection
+        conn.send(P.StoreOffset(self.consumer.name or "", self.stream, offset))
+        self.stored = offset
+        self.stats.offsets_stored += 1
+
+    # --- what the metrics read (their reader's thread) -------------------------
+
+    def reporting(self) -> bool:
+        return not self.consumer.closed
+
+    def lag(self) -> int | None:
+        """Offsets committed and not yet handed: from the broker's stream
+        statistics (3.11+), else from the last Deliver's committed chunk id.
+        Counted to the start of the last committed chunk, so short by up to
+        a chunk. The broker never delivers the offset-tracking chunks that
+        stores write: a subscription with credit, nothing queued and no
+        chunk for ``IDLE_SECONDS`` is caught up, whatever they add."""
+        committed = self.committed_chunk_id
+        client = self.consumer.client
+        try:
+            # Not while recovering: a collection must not wait out timeouts.
+            if self.live and client.supports("stream_stats"):
+                committed = client.stream_stats(self.stream).get(
+                    "committed_chunk_id", committed)
+        except StreamError:
+            pass  # the Deliver's figure, if any
+        if committed is None:
+            return None
+        credit = self.credit
+        if (self.live and credit.outstanding and not credit.queued_bytes
+                and time.monotonic() - self.last_arrival >= IDLE_SECONDS):
+            return 0
+        return max(0, committed - (self.position or 0))
+
+    def stored_offset(self) -> int | None:
+        return self.stored
+
+    # --- SubscriptionSink (reader thread) -----------------------------------
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        self.consumer._chunk_arrived(self, chunk)
+
+    def on_chunk_error(self, error: StreamError) -> None:
+        self.consumer._end(error, after_queue=True)
+
+    def on_consumer_update(self, correlation_id: int, active: bool) -> None:
+        threading.Thread(target=self.consumer._consumer_update,
+                         args=(self, correlation_id, active),
+                         name="pystream-consumer-update", daemon=True).start()
+
+    def on_metadata_update(self, code: int) -> None:
+        log.info("stream %r moved or went away (code %#x): resubscribing",
+                 self.stream, code)
+        self.consumer._broken(self, "metadata_update")
+
+    def on_connection_closed(self, error: StreamError | None) -> None:
+        if error is None:  # closed on purpose (client.close())
+            self.consumer._end(None, after_queue=True)
+        elif isinstance(error, (ConnectionLost, ConnectionClosed)):
+            self.consumer._broken(self, "connection_closed"
+                                  if isinstance(error, ConnectionClosed)
+                                  else "connection_lost")
+        else:  # bad bytes from the broker: retrying would read them again
+            self.consumer._end(error, after_queue=True)
+
+
+class Subscriptions:
+    """The subscription side of a ``Consumer``: its streams' subscriptions,
+    the queue the reader threads fill, and the maintenance thread that
+    recovers them. The reading API is ``consumer.Consumer``."""
+
+    def __init__(self, client: Admin, *, name: str | None,
+                 single_active: bool, super_stream: str | None,
+                 filter: Filter | None, credit: Credit,
+                 decode_options: dict[str, Any], start: P.OffsetSpec,
+                 auto_store: bool, store_every_records: int,
+                 store_every_seconds: float, recovery_timeout: float,
+                 partition_refresh_seconds: float) -> None:
+        self.client = client
+        self.name = name
+        self.filter = filter
+        self.single_active = single_active
+        self.super_stream = super_stream
+        self.credit_policy = credit
+        self.chunk_size_hint = client.connection.frame_max or (1 << 20)
+        self.auto_store = auto_store
+        self.store_every_records = store_every_records
+        self.store_every_seconds = store_every_seconds
+        self.recovery_timeout = recovery_timeout
+        self.partition_refresh_seconds = partition_refresh_seconds
+        self._decode_options = decode_options
+        self._start = start
+
+        self._cond = threading.Condition()
+        self._queue: deque[Queued] = deque()
+        self._subs: dict[str, Subscription] = {}
+        self._broken_subs: set[Subscription] = set()
+        self._broken_since: float | None = None
+        self._closed = False
+        self._ended = False     # no more chunks will come (see _end)
+        self._wakers: list[Callable[[], None]] = []
+        self._maintenance = threading.Event()
+        metrics.instruments()
+
+    def _start_subscriptions(self, streams: list[str]) -> None:
+        for s in streams:
+            self._subscribe(self._new_subscription(s))
+        threading.Thread(target=self._maintain, daemon=True,
+                         name="pystream-consumer").start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- the reader threads' side -------------------------------------------
+
+    def _chunk_arrived(self, sub: Subscription, chunk: Chunk) -> None:
+        with self._cond:
+            if not sub.live or not sub.active:
+                return
+            sub.received = max(sub.received or 0, chunk.next_offset)
+            sub.last_arrival = time.monotonic()
+            if chunk.committed_chunk_id is not None:
+                sub.committed_chunk_id = chunk.committed_chunk_id
+            n = sub.credit.arrived(chunk.size)
+            self._queue.append(Queued(sub, chunk))
+            self._notify()
+        metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
+                               chunk.decode_ns)
+        if n:
+            self._send_credit(sub, n)
+
+    def _notify(self) -> None:
+        self._cond.notify_all()
+        for waker in self._wakers:
+            waker()
+
+    def _send_credit(self, sub: Subscription, n: int) -> None:
+        conn = sub.connection
+        if conn is None or not sub.live:
+            return
+        try:
+            conn.send(P.Credit(sub.subscription_id, n))
+        except StreamError:
+            return  # the connection is gone; recovery grants afresh
+        sub.stats.credit_granted += n
+
+    def _end(self, error: BaseException | None, *, after_queue: bool) -> None:
+        """End the consumer: ``error`` is raised to the application once the
+        records queued before it were taken (or at once); with None,
+        iteration just ends there."""
+        with self._cond:
+            if self._closed or self._ended:
+                return
+            self._ended = True
+            for sub in self._subs.values():
+                sub.live = False
+            if not after_queue:
+                self._queue.clear()
+            self._queue.append(Queued(None, None, error))
+            self._notify()
+        self._maintenance.set()
+
+    def _broken(self, sub: Subscription, cause: str) -> None:
+        with self._cond:
+            if not sub.live or self._closed:
+                return
+            sub.live = False
+            if sub.broken_at is None:
+                sub.broken_at, sub.cause = time.monotonic(), cause
+            self._broken_subs.add(sub)
+            if self._broken_since is None:
+                self._broken_since = time.monotonic()
+        self._maintenance.set()
+
+    # --- subscribing ------------------------------------------------------------
+
+    def _new_subscription(self, stream: str) -> Subscription:
+        start, position = self._start, None
+        if self.name is not None and not self.single_active:
+            try:
+                stored = self.client.query_offset(stream, self.name)
+                start = P.OffsetSpec(P.OFFSET_OFFSET, stored + 1)
+            except NoOffset:
+                pass
+        if start.type == P.OFFSET_OFFSET:
+            position = start.value
+        sub = Subscription(self, stream, start, position)
+        self._subs[stream] = sub
+        return sub
+
+    def _subscribe(self, sub: Subscription) -> None:
+        """Subscribe ``sub`` on a connection to a node holding its stream."""
+        spec = sub.resume_spec()
+        endpoint = self.client.locate(sub.stream)
+        conn = self.client.pool.acquire(endpoint)
+        try:
+            start_offset = spec.value if spec.type == P.OFFSET_OFFSET else 0
+            sub_id = conn.add_subscription(sub, start_offset=start_offset,
+                                           **self._decode_options)
+        except BaseException:
+            self.client.pool.release(conn)
+            raise
+        with self._cond:
+            sub.connection, sub.subscription_id = conn, sub_id
+            sub.live = True
+            now, after = subscribe_credit(sub.credit.start())
+        try:
+            conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
+                                               now, self._properties()),
+                         f"subscribe to {sub.stream!r}")
+        except BaseException:
+            with self._cond:
+                sub.live = False
+            conn.remove_subscription(sub_id)
+            self.client.pool.release(conn)
+            sub.connection = None
+            raise
+        sub.stats.credit_granted += now
+        if after:
+            try:
+                conn.send(P.Credit(sub_id, after))
+                sub.stats.credit_granted += after
+            except StreamError:
+                # Deliveries on the initial credit may already have broken
+                # the connection: ``sub`` heard of it, and recovers or ends
+                # after handing over what it read.
+                pass
+
+    def _properties(self) -> dict[str, str]:
+        props: dict[str, str] = {}
+        if self.name is not None:
+            props["name"] = self.name
+        if self.single_active:
+            props["single-active-consumer"] = "true"
+            if self.super_stream is not None:
+                props["super-stream"] = self.super_stream
+        if self.filter is not None:
+            props.update(self.filter.properties())
+        return props
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._cond:
+            conn, sub.connection = sub.connection, None
+        if conn is None:
+            return
+        if conn.is_open:
+            try:
+                conn.request(lambda c: P.Unsubscribe(c, sub.subscription_id),
+                             f"unsubscribe from {sub.stream!r}", timeout=5.0)
+            except StreamError:
+                pass  # going anyway
+        conn.remove_subscription(sub.subscription_id)
+        self.client.pool.release(conn)
+
+    def _consumer_update(self, sub: Subscription, corr: int,
+                         active: bool) -> None:
+        """Single active consumer: the broker made this subscription active
+        (answer where to start) or inactive (give back what is queued)."""
+        conn = sub.connection
+        if conn is None:
+            return
+        spec = P.OffsetSpec(P.OFFSET_NEXT)
+        try:
+            with self._cond:
+                dropped = [q for q in self._queue if q.sub is sub]
+                for q in dropped:
+                    self._queue.remove(q)
+                    sub.credit.dropped(q.chunk.size)  # type: ignore[union-attr]
+                sub.active = active
+                sub.received = None
+            if active:
+                spec = sub.start
+                try:
+                    stored = self.client.query_offset(sub.stream, self.name or "")
+                    resume = max(stored + 1, sub.position or 0)
+                    spec = P.OffsetSpec(P.OFFSET_OFFSET, resume)
+                except NoOffset:
+                    if sub.position is not None:
+                        spec = P.OffsetSpec(P.OFFSET_OFFSET, sub.position)
+                if spec.type == P.OFFSET_OFFSET:
+                    sub.position = spec.value
+                    conn.update_subscription(
+                        sub.subscription_id, start_offset=spec.value,
+                        **self._decode_options)
+            elif sub.tracker is not None:
+                sub.tracker.flush(sub.position)
+            conn.send(P.ConsumerUpdateResponse(corr, P.RESPONSE_OK, spec))
+        except StreamError as exc:
+            log.warning("consumer update of %r failed: %s", sub.stream, exc)
+
+    # --- maintenance thread -----------------------------------------------------
+
+    def _maintain(self) -> None:
+        """Resubscribe broken subscriptions with backoff; pick up new
+        partitions of a super stream."""
+        delay = FIRST_RETRY_DELAY
+        next_refresh = time.monotonic() + self.partition_refresh_seconds
+        while True:
+            with self._cond:
+                broken = list(self._broken_subs)
+            wait = (delay if broken else
+                    max(0.0, next_refresh - time.monotonic())
+                    if self.super_stream is not None else None)
+            if wait is None or wait > 0:
+                self._maintenance.wait(wait)
+                self._maintenance.clear()
+            if self._closed or self._ended:
+                for sub in list(self._subs.values()):
+                    self._unsubscribe(sub)
+                return
+            with self._cond:
+                broken = list(self._broken_subs)
+            if broken:
+                delay = self._recover(broken, delay)
+            elif (self.super_stream is not None
+                    and time.monotonic() >= next_refresh):
+                next_refresh = time.monotonic() + self.partition_refresh_seconds
+                self._refresh_partitions()
+
+    def _release(self, sub: Subscription) -> None:
+        """Drop a broken subscription's connection (no Unsubscribe: the
+        broker already forgot it)."""
+        with self._cond:
+            conn, sub.connection = sub.connection, None
+        if conn is not None:
+            conn.remove_subscription(sub.subscription_id)
+            self.client.pool.release(conn)
+
+    def _recover(self, broken: list[Subscription], delay: float) -> float:
+        """One attempt at every broken subscription; the next delay."""
+        for sub in broken:
+            self._release(sub)
+            spec = sub.resume_spec()
+            try:
+                self._subscribe(sub)
+            except StreamDoesNotExist as exc:
+                self._end(exc, after_queue=True)
+                return delay
+            except RECOVERABLE as exc:
+                log.info("resubscribing to %r failed: %s", sub.stream, exc)
+                since = self._broken_since or time.monotonic()
+                if time.monotonic() - since > self.recovery_timeout:
+                    self._end(ConnectionLost(
+                        f"stream {sub.stream!r} unreachable for "
+                        f"{self.recovery_timeout:g} s: {exc}"), after_queue=True)
+                return next_retry_delay(delay)
+            except StreamError as exc:
+                self._end(exc, after_queue=True)
+                return delay
+            with self._cond:
+                self._broken_subs.discard(sub)
+                if not self._broken_subs:
+                    self._broken_since = None
+                broken_at, sub.broken_at = sub.broken_at, None
+            if broken_at is not None:  # not a new partition
+                self._recovered(sub, spec, time.monotonic() - broken_at)
+        return FIRST_RETRY_DELAY
+
+    def _recovered(self, sub: Subscription, spec: P.OffsetSpec,
+                   seconds: float) -> None:
+        where = {P.OFFSET_OFFSET: f"offset {spec.value}",
+                 P.OFFSET_TIMESTAMP: f"timestamp {spec.value} ms",
+                 P.OFFSET_FIRST: "the first offset",
+                 P.OFFSET_LAST: "the last chunk",
+                 P.OFFSET_NEXT: "the next offset"}.get(spec.type, str(spec))
+        who = f"consumer {self.name!r}" if self.name is not None else "consumer"
+        log.warning("%s of stream %r recovered from %s: resubscribed from %s "
+                    "after %.2f s", who, sub.stream,
+                    sub.cause.replace("_", " "), where, seconds)
+        metrics.recovered("consumer", sub.cause, sub.stream, seconds,
+                          self.client.address)
+
+    def _refresh_partitions(self) -> None:
+        try:
+            streams = self.client.partitions(self.super_stream)  # type: ignore[arg-type]
+        except StreamError as exc:
+            log.info("partitions of %r: %s", self.super_stream, exc)
+            return
+        for stream in streams:
+            if stream not in self._subs:
+                # A new partition: everything in it is new to this consumer.
+                sub = Subscription(self, stream, P.OffsetSpec(P.OFFSET_FIRST), None)
+                with self._cond:
+                    self._subs[stream] = sub
+                    self._broken_subs.add(sub)
+                self._maintenance.set()
