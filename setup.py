@@ -5,9 +5,12 @@ ISA-L (CRC-32), zlib, lz4, zstd and snappy. The distribution is named
 ``pystream-rabbitmq`` (``pystream`` on the package index is another project);
 the import name stays ``pystream``.
 
-The extension uses only CPython's stable ABI (3.11+) and no numpy C API, so
-one ``cp311-abi3`` wheel serves every CPython from 3.11 on and numpy is not
-needed to build it (``make wheel``: scripts/build-wheel).
+The extension uses no numpy C API, so numpy is not needed to build it.
+PYSTREAM_LIMITED_API=1 builds it against CPython's stable ABI (3.11+): one
+``cp311-abi3`` wheel then serves every later CPython, but Cython's
+limited-API code costs about 25 us more per decode call (one per chunk), so
+the version-specific build stays the default and ``make wheel``
+(scripts/build-wheel) makes both.
 """
 
 import glob
@@ -21,6 +24,8 @@ from setuptools import Extension, setup
 VERSION = re.search(r'^__version__ = "([^"]+)"',
                     open("pystream/__init__.py").read(), re.M).group(1)
 
+LIMITED_API = os.environ.get("PYSTREAM_LIMITED_API") == "1"
+
 core = Extension(
     "pystream._core",
     sources=["pystream/_core.pyx", *sorted(glob.glob("csrc/*.c"))],
@@ -30,8 +35,8 @@ core = Extension(
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra",
                         "-Wno-unused-parameter", "-flto=auto"],
     extra_link_args=["-O3", "-flto=auto"],
-    define_macros=[("Py_LIMITED_API", "0x030B0000")],
-    py_limited_api=True,
+    define_macros=[("Py_LIMITED_API", "0x030B0000")] if LIMITED_API else [],
+    py_limited_api=LIMITED_API,
 )
 
 setup(
@@ -48,7 +53,11 @@ setup(
     ext_modules=cythonize([core], language_level=3,
                           compiler_directives={"boundscheck": False,
                                                "wraparound": False}),
-    install_requires=["numpy>=1.26", "pyarrow>=14"],
+    # The oldest the tests pass with (tests/test_packaging.py runs the
+    # broker-free tests with exactly these): pyarrow 24 is the first whose
+    # RecordBatch.nbytes takes binary_view columns (the default body="view");
+    # numpy 1.23.2 is the first with CPython 3.11 wheels.
+    install_requires=["numpy>=1.23.2", "pyarrow>=24.0.0"],
     extras_require={
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
@@ -61,6 +70,6 @@ setup(
     },
     entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     zip_safe=False,
-    # the wheel's tag: cp311-abi3 (see the docstring)
-    options={"bdist_wheel": {"py_limited_api": "cp311"}},
+    # the stable-ABI wheel's tag: cp311-abi3
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED_API else {},
 )

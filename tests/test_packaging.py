@@ -259,16 +259,24 @@ def _in_root(root: Path, work: Path, *cmd: str, timeout: float = 600) -> str:
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> dict[str, Path]:
     """``make wheel``'s output for this checkout, built once for the module:
-    the sdist and the repaired wheel."""
+    the sdist, the wheel for this Python's version and the stable-ABI one."""
     out = tmp_path_factory.mktemp("dist")
     env = _clean_env()
     env["PYTHON"] = sys.executable
     log = _run(ROOT / "scripts" / "build-wheel", out, cwd=ROOT, env=env,
                timeout=1200)
     print(log)
-    (wheel,) = out.glob("*.whl")
+    (wheel,) = out.glob(f"*-{CPYTHON}-{CPYTHON}-*.whl")
+    (abi3,) = out.glob("*-cp311-abi3-*.whl")
     (sdist,) = out.glob("*.tar.gz")
-    return {"wheel": wheel, "sdist": sdist}
+    assert len(list(out.iterdir())) == 3, list(out.iterdir())
+    return {"wheel": wheel, "abi3": abi3, "sdist": sdist}
+
+
+CPYTHON = "cp%d%d" % sys.version_info[:2]
+# the extension's file name in each wheel
+CORE = {"wheel": f"_core.cpython-{CPYTHON[2:]}-x86_64-linux-gnu.so",
+        "abi3": "_core.abi3.so"}
 
 
 def _platform_tags(wheel: Path) -> list[str]:
@@ -277,11 +285,12 @@ def _platform_tags(wheel: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_wheel_is_manylinux_abi3_and_bundles_the_libraries(dist):
-    wheel = dist["wheel"]
+@pytest.mark.parametrize("kind", ["wheel", "abi3"])
+def test_wheel_is_manylinux_and_bundles_the_libraries(dist, kind):
+    wheel = dist[kind]
     name, version, python, abi, _ = wheel.name.split("-")
     assert (name, version) == (DIST_NAME.replace("-", "_"), pystream.__version__)
-    assert (python, abi) == ("cp311", "abi3")
+    assert (python, abi) == ((CPYTHON, CPYTHON) if kind == "wheel" else ("cp311", "abi3"))
     for tag in _platform_tags(wheel):
         m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", tag)
         assert m and (int(m[1]), int(m[2])) <= (2, 31), tag
@@ -289,7 +298,7 @@ def test_wheel_is_manylinux_abi3_and_bundles_the_libraries(dist):
     libs = [n.split("/")[-1] for n in names if n.startswith("pystream_rabbitmq.libs/")]
     for lib in BUNDLED:
         assert any(n.startswith(lib + "-") for n in libs), (lib, libs)
-    assert "pystream/_core.abi3.so" in names
+    assert f"pystream/{CORE[kind]}" in names
     assert "pystream/py.typed" in names and "pystream/_core.pyi" in names
     assert "pystream/spark/__init__.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
@@ -299,14 +308,15 @@ def test_wheel_is_manylinux_abi3_and_bundles_the_libraries(dist):
 
 
 @pytest.mark.slow
-def test_wheel_links_on_glibc_2_31(dist, tmp_path):
+@pytest.mark.parametrize("kind", ["wheel", "abi3"])
+def test_wheel_links_on_glibc_2_31(dist, tmp_path, kind):
     """In the Debian bullseye root (glibc 2.31), the extension and its
     bundled libraries resolve with no symbol version missing, zlib needs no
     shared library, and only Python's own symbols stay undefined (the
     interpreter provides them)."""
-    zipfile.ZipFile(dist["wheel"]).extractall(tmp_path / "wheel")
+    zipfile.ZipFile(dist[kind]).extractall(tmp_path / "wheel")
     out = _in_root(BULLSEYE_ROOT, tmp_path, "ldd", "-r",
-                   "/work/wheel/pystream/_core.abi3.so")
+                   f"/work/wheel/pystream/{CORE[kind]}")
     assert "GLIBC" not in out and "not found" not in out, out
     assert "libz.so" not in out, out
     for lib in BUNDLED:
@@ -318,16 +328,19 @@ def test_wheel_links_on_glibc_2_31(dist, tmp_path):
 
 @pytest.mark.slow
 def test_wheel_installs_in_a_fresh_venv(dist, tmp_path):
-    """pip installs the wheel and its dependencies (numpy, pyarrow, from the
-    index pip is configured with) into a new venv, where the C core decodes
-    the golden frames and the ``pystream`` command runs."""
+    """pip installs the package from make wheel's folder, as the README
+    says, and its dependencies (numpy, pyarrow, from the index pip is
+    configured with) into a new venv: it picks the wheel for this Python's
+    version, where the C core decodes the golden frames and the ``pystream``
+    command runs."""
     python = _fresh_venv(tmp_path / "venv")
     env = _clean_env(tmp_path / "venv")
     _run(python, "-m", "pip", "install", "-q", "--only-binary", ":all:",
-         dist["wheel"], cwd=tmp_path, env=env)
-    where = _run(python, "-c", "import pystream, pystream._core, pystream.spark; "
-                               "print(pystream._core.__file__)", cwd=tmp_path, env=env)
-    assert Path(where.strip()).is_relative_to(tmp_path / "venv"), where
+         DIST_NAME, "--find-links", dist["wheel"].parent, cwd=tmp_path, env=env)
+    where = Path(_run(python, "-c", "import pystream, pystream._core, pystream.spark; "
+                                    "print(pystream._core.__file__)",
+                      cwd=tmp_path, env=env).strip())
+    assert where.is_relative_to(tmp_path / "venv") and where.name == CORE["wheel"], where
     assert "decodes golden frames" in _run(python, SMOKE_TEST, cwd=tmp_path, env=env)
     assert "usage" in _run(tmp_path / "venv" / "bin" / "pystream", "--help",
                            cwd=tmp_path, env=env).lower()
@@ -353,11 +366,13 @@ print("round trip", len(got), sys.version_info[:2])
 
 @pytest.mark.slow
 def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
-    """The same wheel in the Debian trixie root of the modern broker: another
-    Python (its python3, not this one) and none of the libraries' development
-    packages. pip installs it into a fresh venv there, from wheels fetched
-    here for that Python; it decodes the golden frames and round-trips 5000
-    records (zstd sub-batches included) through the modern broker."""
+    """The Debian trixie root of the modern broker: another Python (its
+    python3, not this one) and none of the libraries' development packages.
+    pip installs the package into a fresh venv there from make wheel's
+    wheels and wheels of numpy and pyarrow fetched here for that Python; it
+    picks the stable-ABI wheel, which decodes the golden frames and
+    round-trips 5000 records (zstd sub-batches included) through the modern
+    broker."""
     version = _in_root(OTHER_ROOT, tmp_path, "python3", "-c",
                        "import sys; print('%d.%d' % sys.version_info[:2])").strip()
     assert version != "%d.%d" % sys.version_info[:2], version
@@ -374,12 +389,15 @@ def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
          "pip", *_setup_calls()["setup"]["install_requires"], cwd=tmp_path, timeout=600)
     (pip,) = wheels.glob("pip-*.whl")
     shutil.copy(dist["wheel"], wheels)
+    shutil.copy(dist["abi3"], wheels)
     shutil.copy(SMOKE_TEST, tmp_path / "test_decode.py")
     (tmp_path / "round_trip.py").write_text(ROUND_TRIP)
     _in_root(OTHER_ROOT, tmp_path, "python3", "-m", "venv", "--without-pip", "/work/venv")
     _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", f"/work/wheels/{pip.name}/pip",
-             "install", "-q", "--no-index", "--find-links", "/work/wheels",
-             f"/work/wheels/{dist['wheel'].name}")
+             "install", "-q", "--no-index", "--find-links", "/work/wheels", DIST_NAME)
+    core = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "-c",
+                    "import pystream._core as c; print(c.__file__)").strip()
+    assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
     out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
     assert "decodes golden frames" in out
     uri = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
