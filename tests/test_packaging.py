@@ -1,6 +1,9 @@
-"""Packaging: the wheel holds the extension, the stubs and the py.typed
-marker, and installs and works in a fresh venv; the conda recipe
-(conda/meta.yaml) renders and agrees with setup.py."""
+"""Packaging: the conda recipe (conda/meta.yaml) renders and agrees with
+setup.py; `make wheel` (scripts/build-wheel) makes an sdist and a manylinux
+wheel bundling the native libraries, which installs and works in a fresh venv
+here, in another Debian root with another Python and none of the libraries'
+development packages, and with exactly the declared minimum numpy and pyarrow;
+the sdist builds against this machine's libraries."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -30,6 +34,8 @@ from .golden import GOLDEN, require
 
 RECIPE = ROOT / "conda" / "meta.yaml"
 SMOKE_TEST = ROOT / "conda" / "test_decode.py"
+# the distribution's name: "pystream" on the package index is another project
+DIST_NAME = "pystream-rabbitmq"
 # setup.py's Extension(libraries=[...]) -> the conda-forge package of each
 CONDA_LIBRARIES = {"isal": "isa-l", "z": "zlib", "lz4": "lz4-c",
                    "zstd": "zstd", "snappy": "snappy"}
@@ -118,7 +124,7 @@ def setup_kwargs() -> dict:
 
 
 def test_recipe_renders_with_the_package_version(recipe, setup_kwargs):
-    assert recipe["package"]["name"] == setup_kwargs["name"] == "pystream"
+    assert recipe["package"]["name"] == setup_kwargs["name"] == DIST_NAME
     assert str(recipe["package"]["version"]) == pystream.__version__
     assert recipe["source"] == {"path": ".."}
     build = recipe["build"]
@@ -148,7 +154,7 @@ def test_recipe_requirements_match_setup_py(recipe, setup_kwargs):
     for spec in build_system["build-system"]["requires"]:
         name, _ = _pip_spec(spec)
         assert name in host, f"{name} (pyproject build-system) not in host"
-    assert host["cython"] == SpecifierSet(">=3.0")
+    assert host["cython"] == SpecifierSet(">=3.1")
     assert "c_compiler_stub" in reqs["build"]
     # run: python_requires and install_requires, exactly
     assert run.pop("python") == SpecifierSet(setup_kwargs["python_requires"])
@@ -203,60 +209,258 @@ def test_smoke_test_frames_are_golden():
     smoke.main()
 
 
-# --- the wheel ------------------------------------------------------------------
+# --- make wheel: the sdist and the manylinux wheel ------------------------------
+
+BUILD_CACHE = Path(os.environ.get("PYSTREAM_BUILD_CACHE")
+                   or Path.home() / ".cache" / "pystream" / "build")
+BULLSEYE_ROOT = BUILD_CACHE / "bullseye-root"
+BROKER_CACHE = Path(os.environ.get("PYSTREAM_BROKER_CACHE")
+                    or Path.home() / ".cache" / "pystream" / "brokers")
+# the modern broker's root: Debian trixie, its own Python, no -dev packages
+OTHER_ROOT = BROKER_CACHE / "trixie-root"
+# copied into the wheel; zlib is linked in statically (manylinux counts
+# libz.so.1 as part of the system, so auditwheel would not copy it)
+BUNDLED = ("libisal", "liblz4", "libzstd", "libsnappy")
+DEV_PACKAGES = ("libisal-dev", "zlib1g-dev", "liblz4-dev", "libzstd-dev",
+                "libsnappy-dev")
+
+
+def _clean_env(venv: Path | None = None) -> dict[str, str]:
+    """This process's environment without what would leak this checkout or
+    the test venv into a child."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+                        "PYTHONSTARTUP", "PYTHONSAFEPATH")}
+    if venv is not None:
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _run(*args, cwd: Path, env=None, timeout: float = 600):
+    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env or _clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{args}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _fresh_venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
+    return path / "bin" / "python"
+
+
+def _in_root(root: Path, work: Path, *cmd: str, timeout: float = 600) -> str:
+    """Run CMD chrooted in ROOT with WORK bound at /work (scripts/lib)."""
+    script = (". scripts/lib/debian-mirror.sh; . scripts/lib/debian-root.sh; "
+              'in_debian_root "$@"')
+    return _run("bash", "-c", script, "bash", root, work, *cmd, cwd=ROOT,
+                timeout=timeout)
+
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel of this checkout, built once for the module."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                    "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-                   check=True, timeout=600)
-    (path,) = out.glob("pystream-*.whl")
-    return path
+def dist(tmp_path_factory) -> dict[str, Path]:
+    """``make wheel``'s output for this checkout, built once for the module:
+    the sdist, the wheel for this Python's version and the stable-ABI one."""
+    out = tmp_path_factory.mktemp("dist")
+    env = _clean_env()
+    env["PYTHON"] = sys.executable
+    log = _run(ROOT / "scripts" / "build-wheel", out, cwd=ROOT, env=env,
+               timeout=1200)
+    print(log)
+    (wheel,) = out.glob(f"*-{CPYTHON}-{CPYTHON}-*.whl")
+    (abi3,) = out.glob("*-cp311-abi3-*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    assert len(list(out.iterdir())) == 3, list(out.iterdir())
+    return {"wheel": wheel, "abi3": abi3, "sdist": sdist}
 
 
-def test_wheel_builds(wheel):
+CPYTHON = "cp%d%d" % sys.version_info[:2]
+# the extension's file name in each wheel
+CORE = {"wheel": f"_core.cpython-{CPYTHON[2:]}-x86_64-linux-gnu.so",
+        "abi3": "_core.abi3.so"}
+
+
+def _platform_tags(wheel: Path) -> list[str]:
+    # name-version-python-abi-platform(.platform...).whl
+    return wheel.name.removesuffix(".whl").split("-")[-1].split(".")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wheel", "abi3"])
+def test_wheel_is_manylinux_and_bundles_the_libraries(dist, kind):
+    wheel = dist[kind]
+    name, version, python, abi, _ = wheel.name.split("-")
+    assert (name, version) == (DIST_NAME.replace("-", "_"), pystream.__version__)
+    assert (python, abi) == ((CPYTHON, CPYTHON) if kind == "wheel" else ("cp311", "abi3"))
+    for tag in _platform_tags(wheel):
+        m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", tag)
+        assert m and (int(m[1]), int(m[2])) <= (2, 31), tag
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("pystream/_core") and n.endswith(".so") for n in names)
-    assert "pystream/py.typed" in names
-    assert "pystream/_core.pyi" in names
-    assert "pystream/protocol.py" in names
+    libs = [n.split("/")[-1] for n in names if n.startswith("pystream_rabbitmq.libs/")]
+    for lib in BUNDLED:
+        assert any(n.startswith(lib + "-") for n in libs), (lib, libs)
+    assert f"pystream/{CORE[kind]}" in names
+    assert "pystream/py.typed" in names and "pystream/_core.pyi" in names
     assert "pystream/spark/__init__.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert re.search(r"^pystream\s*=\s*pystream\.cli:main$",
                      zipfile.ZipFile(wheel).read(entry_points).decode(), re.M)
+    print(f"{wheel.name}: {wheel.stat().st_size / 1024:.0f} KiB")
 
 
 @pytest.mark.slow
-def test_wheel_installs_in_a_fresh_venv(wheel, tmp_path):
-    """pip installs the wheel and its dependencies (numpy, pyarrow, from the
-    index pip is configured with) into a new venv, where the C core decodes
-    the golden frames and the ``pystream`` command runs."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True,
-                   timeout=120)
-    python, bin_dir = venv / "bin" / "python", venv / "bin"
-    # nothing of this checkout or of the test venv may leak in
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
-                        "PYTHONSTARTUP", "PYTHONSAFEPATH")}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+@pytest.mark.parametrize("kind", ["wheel", "abi3"])
+def test_wheel_links_on_glibc_2_31(dist, tmp_path, kind):
+    """In the Debian bullseye root (glibc 2.31), the extension and its
+    bundled libraries resolve with no symbol version missing, zlib needs no
+    shared library, and only Python's own symbols stay undefined (the
+    interpreter provides them)."""
+    zipfile.ZipFile(dist[kind]).extractall(tmp_path / "wheel")
+    out = _in_root(BULLSEYE_ROOT, tmp_path, "ldd", "-r",
+                   f"/work/wheel/pystream/{CORE[kind]}")
+    assert "GLIBC" not in out and "not found" not in out, out
+    assert "libz.so" not in out, out
+    for lib in BUNDLED:
+        assert re.search(rf"^\s*{lib}-\w+\.so\S* => /work/wheel/\S*pystream_rabbitmq\.libs/",
+                         out, re.M), (lib, out)
+    undefined = re.findall(r"undefined symbol: (\S+)", out)
+    assert undefined and all(s.startswith(("Py", "_Py")) for s in undefined), undefined
 
-    def run(*args, **kw):
-        return subprocess.run([str(a) for a in args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300, **kw)
 
-    done = run(python, "-m", "pip", "install", "-q", "--only-binary", ":all:", wheel)
-    assert done.returncode == 0, done.stdout + done.stderr
-    done = run(python, "-c", "import pystream, pystream._core, pystream.spark; "
-                             "print(pystream.__file__)")
-    assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()).is_relative_to(venv), done.stdout
-    done = run(python, SMOKE_TEST)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "decodes golden frames" in done.stdout
-    assert (bin_dir / "pystream").is_file()
-    done = run(bin_dir / "pystream", "--help")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "usage" in done.stdout.lower()
+@pytest.mark.slow
+def test_wheel_installs_in_a_fresh_venv(dist, tmp_path):
+    """pip installs the package from make wheel's folder, as the README
+    says, and its dependencies (numpy, pyarrow, from the index pip is
+    configured with) into a new venv: it picks the wheel for this Python's
+    version, where the C core decodes the golden frames and the ``pystream``
+    command runs."""
+    python = _fresh_venv(tmp_path / "venv")
+    env = _clean_env(tmp_path / "venv")
+    _run(python, "-m", "pip", "install", "-q", "--only-binary", ":all:",
+         DIST_NAME, "--find-links", dist["wheel"].parent, cwd=tmp_path, env=env)
+    where = Path(_run(python, "-c", "import pystream, pystream._core, pystream.spark; "
+                                    "print(pystream._core.__file__)",
+                      cwd=tmp_path, env=env).strip())
+    assert where.is_relative_to(tmp_path / "venv") and where.name == CORE["wheel"], where
+    assert "decodes golden frames" in _run(python, SMOKE_TEST, cwd=tmp_path, env=env)
+    assert "usage" in _run(tmp_path / "venv" / "bin" / "pystream", "--help",
+                           cwd=tmp_path, env=env).lower()
+
+
+ROUND_TRIP = """
+import sys, pystream
+uri, stream = sys.argv[1:]
+bodies = [b"wheel %d" % i * (i % 7 + 1) for i in range(5000)]
+with pystream.connect(uri) as client:
+    with client.producer(stream, compression="zstd") as producer:
+        producer.send_batch(bodies[:2500]).result(timeout=30)
+    with client.producer(stream) as producer:
+        producer.send_batch(bodies[2500:]).result(timeout=30)
+    with client.consumer(stream, offset="first") as consumer:
+        table = consumer.read(len(bodies), timeout=30)
+got = table.column("body").cast("binary").to_pylist()
+assert got == bodies, (len(got), len(bodies))
+assert table.column("offset").to_pylist() == list(range(len(bodies)))
+print("round trip", len(got), sys.version_info[:2])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
+    """The Debian trixie root of the modern broker: another Python (its
+    python3, not this one) and none of the libraries' development packages.
+    pip installs the package into a fresh venv there from make wheel's
+    wheels and wheels of numpy and pyarrow fetched here for that Python; it
+    picks the stable-ABI wheel, which decodes the golden frames and
+    round-trips 5000 records (zstd sub-batches included) through the modern
+    broker."""
+    version = _in_root(OTHER_ROOT, tmp_path, "python3", "-c",
+                       "import sys; print('%d.%d' % sys.version_info[:2])").strip()
+    assert version != "%d.%d" % sys.version_info[:2], version
+    installed = _in_root(OTHER_ROOT, tmp_path, "sh", "-c",
+                         "dpkg-query -W -f='${Package} ${Status}\\n' || true")
+    assert not any(line.split()[0] in DEV_PACKAGES and "ok installed" in line
+                   for line in installed.splitlines()), installed
+    # pip, numpy and pyarrow for that Python, fetched here (the root's
+    # python3 has no ensurepip: pip runs from its own wheel)
+    wheels = tmp_path / "wheels"
+    _run(sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
+         "--python-version", version, "--platform", "manylinux_2_28_x86_64",
+         "--platform", "manylinux2014_x86_64", "-d", wheels,
+         "pip", *_setup_calls()["setup"]["install_requires"], cwd=tmp_path, timeout=600)
+    (pip,) = wheels.glob("pip-*.whl")
+    shutil.copy(dist["wheel"], wheels)
+    shutil.copy(dist["abi3"], wheels)
+    shutil.copy(SMOKE_TEST, tmp_path / "test_decode.py")
+    (tmp_path / "round_trip.py").write_text(ROUND_TRIP)
+    _in_root(OTHER_ROOT, tmp_path, "python3", "-m", "venv", "--without-pip", "/work/venv")
+    _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", f"/work/wheels/{pip.name}/pip",
+             "install", "-q", "--no-index", "--find-links", "/work/wheels", DIST_NAME)
+    core = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "-c",
+                    "import pystream._core as c; print(c.__file__)").strip()
+    assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
+    out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
+    assert "decodes golden frames" in out
+    uri = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+    out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/round_trip.py",
+                   uri, modern_stream)
+    assert f"round trip 5000 ({version.replace('.', ', ')})" in out, out
+
+
+@pytest.mark.slow
+def test_sdist_builds_and_installs(dist, tmp_path):
+    """pip builds the sdist in a fresh venv against this machine's libraries
+    (csrc/DEPENDENCIES) and the installed package decodes the golden frames."""
+    python = _fresh_venv(tmp_path / "venv")
+    env = _clean_env(tmp_path / "venv")
+    _run(python, "-m", "pip", "install", "-q", dist["sdist"], cwd=tmp_path, env=env,
+         timeout=900)
+    core = _run(python, "-c", "import pystream._core as c; print(c.__file__)",
+                cwd=tmp_path, env=env).strip()
+    assert Path(core).is_relative_to(tmp_path / "venv"), core
+    # the system's libraries, not bundled copies
+    assert re.search(r"libisal\.so\.2 => /(usr/)?lib/", _run("ldd", core, cwd=tmp_path))
+    assert "decodes golden frames" in _run(python, SMOKE_TEST, cwd=tmp_path, env=env)
+
+
+def _declared_minimums() -> list[str]:
+    """setup.py's install_requires, each ``>=`` made ``==``."""
+    pins = []
+    for spec in _setup_calls()["setup"]["install_requires"]:
+        req = Requirement(spec)
+        (low,) = [s.version for s in req.specifier if s.operator == ">="]
+        pins.append(f"{req.name}=={low}")
+    return pins
+
+
+# broker-free tests that need more than the package and pytest: the spark
+# extra, this file's renderers, the README's broker
+NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_readme.py")
+# `pystream bench` runs the checkout's bench/, which no installed package has
+NOT_INSTALLED = ("tests/test_cli.py::test_bench_passes_arguments_through",)
+
+
+@pytest.mark.slow
+def test_declared_minimum_versions(dist, tmp_path):
+    """With exactly the minimum numpy and pyarrow setup.py declares, the
+    wheel passes the broker-free tests. They run from this checkout, which
+    comes last on the path (python -P, pytest's append import mode), so that
+    the installed package is the one imported."""
+    pins = _declared_minimums()
+    assert {p.split("==")[0] for p in pins} == {"numpy", "pyarrow"}, pins
+    python = _fresh_venv(tmp_path / "venv")
+    env = _clean_env(tmp_path / "venv")
+    _run(python, "-m", "pip", "install", "-q", "--only-binary", ":all:",
+         dist["wheel"], *pins, "pytest", "hypothesis", cwd=tmp_path, env=env)
+    found = _run(python, "-P", "-c", "import numpy, pyarrow, pystream; print("
+                 "f'numpy=={numpy.__version__} pyarrow=={pyarrow.__version__}', "
+                 "pystream.__file__)", cwd=ROOT, env=env).split()
+    assert sorted(found[:2]) == sorted(pins), found
+    assert Path(found[2]).is_relative_to(tmp_path / "venv"), found
+    ignore = [f"--ignore={p.relative_to(ROOT)}" for pattern in NOT_WITH_MINIMUMS
+              for p in (ROOT / "tests").glob(pattern)]
+    ignore += [f"--deselect={test}" for test in NOT_INSTALLED]
+    out = _run(python, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "--import-mode=append", "-m", "not broker and not slow", *ignore,
+               "tests", cwd=ROOT, env=env, timeout=900)
+    assert re.search(r"\d+ passed", out) and "failed" not in out, out
