@@ -59,59 +59,12 @@ apt_install() {  # apt_install PKG...: install the missing ones on the host
         apt-get install -y -o DPkg::Lock::Timeout=300 "${missing[@]}"
 }
 
-# debian_mirror: the URI serving the main Debian archive, from apt's sources
-# (one-line and deb822 formats): the entry for the host's own release, with
-# component main, not a security archive, signed (if at all) by Debian's
-# keyring. The same archive serves every suite (bookworm, trixie, forky), so
-# this URI is used for whichever suite a root is built from.
-debian_mirror() {
-    if [[ -n ${PYSTREAM_DEBIAN_MIRROR:-} ]]; then
-        echo "$PYSTREAM_DEBIAN_MIRROR"
-        return
-    fi
-    local codename uri
-    codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
-    uri=$(one_line_sources "$codename"; deb822_sources "$codename")
-    uri=${uri%%$'\n'*}
-    [[ -n $uri ]] || die "no Debian archive found in apt sources; set PYSTREAM_DEBIAN_MIRROR"
-    echo "$uri"
-}
-
-one_line_sources() {
-    local files=(/etc/apt/sources.list /etc/apt/sources.list.d/*.list)
-    { cat "${files[@]}" 2>/dev/null || true; } | awk -v want="$1" '
-        $1 != "deb" { next }
-        {
-            i = 2; opts = ""
-            if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) opts = opts " " $(i++); opts = opts " " $(i++) }
-            uri = $i; suite = $(i + 1); main = 0
-            for (j = i + 2; j <= NF && $j !~ /^#/; j++) if ($j == "main") main = 1
-            if (suite == want && main && uri !~ /security/ &&
-                (opts !~ /signed-by=/ || opts ~ /signed-by=[^ ]*debian-archive-keyring/)) print uri
-        }'
-}
-
-deb822_sources() {
-    { cat /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } | awk -v want="$1" '
-        function flush(   u, s, n, m, uris, suites) {
-            if (f["types"] ~ /(^| )deb( |$)/ && f["enabled"] !~ /no/ &&
-                f["components"] ~ /(^| )main( |$)/ && f["uris"] !~ /security/ &&
-                (f["signed-by"] == "" || f["signed-by"] ~ /debian-archive-keyring/)) {
-                n = split(f["uris"], uris, " "); m = split(f["suites"], suites, " ")
-                for (u = 1; u <= n; u++) for (s = 1; s <= m; s++) if (suites[s] == want) print uris[u]
-            }
-            delete f
-        }
-        /^[ \t]*#/ { next }
-        /^[ \t]*$/ { flush(); next }
-        /^[ \t]/ { f[key] = f[key] " " $0; next }
-        {
-            key = tolower(substr($0, 1, index($0, ":") - 1))
-            f[key] = substr($0, index($0, ":") + 1)
-            gsub(/^[ \t]+|[ \t]+$/, "", f[key])
-        }
-        END { flush() }'
-}
+# debian_mirror (scripts/lib/debian-mirror.sh): the host's main Debian
+# archive from apt's sources. The same archive serves every suite
+# (bookworm, trixie, forky), so it is used for whichever suite a root is
+# built from.
+# shellcheck source=debian-mirror.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 # chroot_prefix ROOT STATE: set CHROOT to a command prefix running a program
 # chrooted in ROOT with /proc, /dev, /sys and a node's state folder STATE
