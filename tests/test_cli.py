@@ -506,6 +506,11 @@ def test_usage_errors_exit_2(capsys):
     assert status == 0 and "publish" in out
 
 
+def test_version_is_the_package_version(capsys):
+    status, out, _ = run(capsys, "--version")
+    assert status == 0 and out.strip() == f"pystream {pystream.__version__}"
+
+
 def test_start_spec():
     assert cli.start_spec("first") == "first"
     assert cli.start_spec("42") == 42

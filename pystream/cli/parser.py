@@ -29,6 +29,7 @@ import argparse
 import os
 from typing import Any, Callable
 
+from pystream import __version__
 from pystream.tls import SASL_MECHANISMS
 
 from .admin import cmd_create, cmd_delete, cmd_stats, cmd_streams
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pystream", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n")[-1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"pystream {__version__}")
     _add_global_options(parser, top=True)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND",
                                      required=True)
