@@ -16,7 +16,7 @@ broker (RabbitMQ 4.0, ``--uri``), taking turns within each of ``--repeat``
 2. The consumer starts in a fresh process, subscribes at offset "next" and
    says it is ready once the broker answered the subscription.
 3. A publisher starts in another fresh process and publishes ``--seconds``
-   (20) at the rate, pystream's producer (``send_batch`` of a
+   (12) at the rate, pystream's producer (``send_batch`` of a
    ``pyarrow.binary()`` array, confirms not awaited until the end), the same
    for every consumer. It paces in ticks of ``--tick-ms`` (1 ms): at each
    tick it sends the messages whose scheduled time (message i at
@@ -595,7 +595,7 @@ def main() -> None:
     ap.set_defaults(stall=20)
     ap.add_argument("--rates", default="1000,10000,100000",
                     help="comma-separated publishing rates in msg/s")
-    ap.add_argument("--seconds", type=float, default=20,
+    ap.add_argument("--seconds", type=float, default=12,
                     help="how long the publisher sends at each rate")
     ap.add_argument("--warmup", type=float, default=2,
                     help="leave out messages sent in the first S seconds")

@@ -18,7 +18,8 @@ application would have them: a Python list of ``bytes``, or for
 Two rows, every client in a row publishing the same messages:
 
 * ``100b``: 10 M (``--messages``): the publish limit and pystream;
-* ``100b-peers``: 2 M (``--peer-messages``): every client.
+* ``100b-peers``: 1 M (``--peer-messages``): every client (rstream
+  publishing AMQP messages would need minutes per run at 10 M).
 
 Clients, each in a fresh process with its own connection:
 
@@ -291,7 +292,8 @@ def main() -> None:
                     help="which rows: 100b (pystream and the limit), "
                          "100b-peers (every client)")
     ap.add_argument("--messages", type=int, default=10_000_000)
-    ap.add_argument("--peer-messages", type=int, default=2_000_000)
+    ap.add_argument("--peer-messages", type=int, default=1_000_000,
+                    help="messages of the 100b-peers row (every client)")
     ap.add_argument("--body-size", type=int, default=100)
     ap.add_argument("--wire-in-flight", type=int, default=1 << 20)
     ap.add_argument("--pystream-batch", type=int, default=100_000)
