@@ -258,11 +258,11 @@ def settings(args, client: str) -> tuple[int, int]:
     return 0, args.wire_in_flight
 
 
-def one_run(args, admin, client: str, target: int, name: str) -> dict:
+def one_run(args, client: str, target: int, name: str) -> dict:
     """Publish into a fresh stream, check what it holds, delete it."""
     import _wire
-    admin.delete_stream(name, missing_ok=True)
-    admin.create_stream(name)
+    harness.admin(args.uri, lambda a: a.delete_stream(name, missing_ok=True))
+    harness.admin(args.uri, lambda a: a.create_stream(name))
     try:
         batch, in_flight = settings(args, client)
         if client == "wire":
@@ -276,13 +276,16 @@ def one_run(args, admin, client: str, target: int, name: str) -> dict:
                    "--timeout", str(args.timeout)]
             res = harness.run_child(cmd, args.timeout, args.uri)
         if "error" not in res:
-            end = _wire.stream_end(args.uri, name)
+            try:
+                end = _wire.stream_end(args.uri, name)
+            except (OSError, _wire.WireError) as exc:
+                return {**res, "error": f"could not count the stream: {exc}"}
             res["stream_holds"] = end
             if end != target:
                 res = {**res, "error": f"the stream holds {end:,} messages, "
                                        f"{target:,} published"}
     finally:
-        admin.delete_stream(name, missing_ok=True)
+        harness.admin(args.uri, lambda a: a.delete_stream(name, missing_ok=True))
     return res
 
 
@@ -322,13 +325,11 @@ def main() -> None:
     cases = [(k, c) for k in keys for c in clients
              if all_rows[k]["peers"] or c not in PEERS]
 
-    import pystream
-    with pystream.connect(args.uri) as admin:
-        runs = harness.interleave(
-            args.repeat, cases,
-            lambda case: one_run(args, admin, case[1], all_rows[case[0]]["messages"],
-                                 f"bench-publish-{case[1]}"),
-            label=lambda case: f"{case[0]} {case[1]}")
+    runs = harness.interleave(
+        args.repeat, cases,
+        lambda case: one_run(args, case[1], all_rows[case[0]]["messages"],
+                             f"bench-publish-{case[1]}"),
+        label=lambda case: f"{case[0]} {case[1]}")
 
     out_rows = {}
     for k in keys:

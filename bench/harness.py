@@ -209,6 +209,21 @@ def run_child(cmd: list[str], timeout: float, uri: str) -> dict:
     return out
 
 
+def admin(uri: str, action: Callable, attempts: int = 3):
+    """``action(client)`` on a fresh connection, tried again when the
+    connection is lost (other users of a shared broker close connections)."""
+    import pystream
+    from pystream.errors import ConnectionLost
+    for attempt in range(attempts):
+        try:
+            with pystream.connect(uri) as client:
+                return action(client)
+        except ConnectionLost:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+
+
 def wire_binary() -> Path:
     """The C wire client, built when missing or older than its source."""
     src = WIRE.with_suffix(".c")
@@ -337,10 +352,18 @@ def cpu_model() -> str:
     return platform.processor() or "?"
 
 
-def broker_version(uri: str) -> str:
-    import pystream
-    with pystream.connect(uri) as client:
-        return client.server_properties.get("version", "?")
+def broker_version(uri: str, wait: float = 180) -> str:
+    """The broker's version; waits up to ``wait`` seconds for a broker that
+    is restarting (the test brokers are shared)."""
+    from pystream.errors import StreamError
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return admin(uri, lambda c: c.server_properties.get("version", "?"))
+        except StreamError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
 
 
 def machine(uri: str | None) -> dict:

@@ -142,7 +142,25 @@ def how_fast() -> str:
             lines.append(f"| latency p99 at {count(int(r))} msg/s "
                          f"(median of {latency['repeat']} {runs}) | "
                          + " | ".join(p99(c) for c in ("wire", "pystream", *PEERS)) + " |")
+    loads = [x[0] for res in (consume, publish, latency) if res
+             for run in all_runs(res) for x in run.get("load", []) if x]
+    if loads:
+        lines += ["", f"The load average (1 minute, {consume['machine']['cores'] if consume else '?'} "
+                      f"cores) ranged from {min(loads):.1f} to {max(loads):.1f} during "
+                      "these runs: the machine was shared with other builds and tests."]
     return "\n".join(lines) + "\n"
+
+
+def all_runs(res: dict) -> list[dict]:
+    """Every run stored in a results file."""
+    out = []
+    for row in res.get("rows", {}).values():
+        for c in row["clients"].values():
+            out += c["runs"]
+    for by in res.get("rates", {}).values():
+        for c in by.values():
+            out += c["runs"]
+    return out
 
 
 def consume_block() -> str:
@@ -264,34 +282,57 @@ def targets_block() -> str:
             row = consume["rows"].get(key)
             if not row:
                 continue
-            w = med(row["clients"].get("wire", {}).get("summary"))
+            ws = row["clients"].get("wire", {}).get("summary")
             p = row["clients"].get("pystream", {}).get("summary")
-            if w and p:
-                x = med(p) / w
+            if ws and p:
+                x = med(p) / med(ws)
                 out.append(f"- consume {count(row['messages'])} × {row['body_size']} B: "
                            f"pystream at {pct(x)} of the C wire limit (target "
                            f"{pct(CONSUME_TARGET)}): {verdict(x >= CONSUME_TARGET)}; "
-                           f"pystream's CPU {p['cpu_s_per_m_median']:.3f} s per "
-                           "million messages")
+                           f"CPU per million messages: pystream "
+                           f"{p['cpu_s_per_m_median']:.3f} s, the C reader "
+                           f"{ws['cpu_s_per_m_median']:.3f} s")
     if publish:
+        kinds = (("pystream", "a list of bytes"), ("pystream-arrow", "an arrow array"))
         row = publish["rows"].get("100b")
         if row:
             w = med(row["clients"].get("wire", {}).get("summary"))
-            p = row["clients"].get("pystream", {}).get("summary")
-            if w and p:
-                x = med(p) / w
-                out.append(f"- publish {count(row['messages'])} × 100 B: pystream at "
-                           f"{pct(x)} of the C publish limit (target "
-                           f"{pct(PUBLISH_TARGET)}): {verdict(x >= PUBLISH_TARGET)}")
+            for name, what in kinds:
+                p = row["clients"].get(name, {}).get("summary")
+                if w and p:
+                    x = med(p) / w
+                    out.append(f"- publish {count(row['messages'])} × 100 B from {what}: "
+                               f"pystream at {pct(x)} of the C publish limit (target "
+                               f"{pct(PUBLISH_TARGET)}): {verdict(x >= PUBLISH_TARGET)}")
         row = publish["rows"].get("100b-peers")
         if row:
-            p = med(row["clients"].get("pystream", {}).get("summary"))
-            for peer in PEERS:
-                q = med(row["clients"].get(peer, {}).get("summary"))
-                if p and q:
-                    out.append(f"- publish {count(row['messages'])} × 100 B: pystream "
-                               f"{p / q:.1f}x {row['clients'][peer]['label']} "
-                               f"(target: ahead): {verdict(p > q)}")
+            for name, what in kinds:
+                p = med(row["clients"].get(name, {}).get("summary"))
+                for peer in PEERS:
+                    q = med(row["clients"].get(peer, {}).get("summary"))
+                    if p and q:
+                        out.append(f"- publish {count(row['messages'])} × 100 B from "
+                                   f"{what}: pystream {p / q:.1f}x "
+                                   f"{row['clients'][peer]['label']} (target: ahead): "
+                                   f"{verdict(p > q)}")
+    latency = load("latency")
+    if latency:
+        for t in latency["targets"]:
+            p, q = t["pystream_p99_ms"], t["other_p99_ms"]
+            if p is None or q is None:
+                out.append(f"- latency at {count(int(t['rate']))} msg/s against "
+                           f"{t['against']}: not measured (every run failed)")
+                continue
+            if t["against"] == "wire":
+                out.append(f"- latency at {count(int(t['rate']))} msg/s: pystream's p99 "
+                           f"{p / q:.1f}x the C floor's (target at most "
+                           f"{FLOOR_FACTOR:g}x): {verdict(t['met'])}")
+            else:
+                label = latency["rates"][t["rate"] if isinstance(t["rate"], str)
+                                         else str(t["rate"])][t["against"]]["label"]
+                out.append(f"- latency at {count(int(t['rate']))} msg/s: pystream's p99 "
+                           f"{ms(p)} ms, {label}'s {ms(q)} ms (target: lower): "
+                           f"{verdict(t['met'])}")
     return "\n".join(out) + "\n" if out else "(no stored results)\n"
 
 
