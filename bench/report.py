@@ -59,6 +59,26 @@ def med(summary: dict | None) -> float | None:
     return summary["msg_per_s_median"] if summary else None
 
 
+def paired(row: dict, name: str, ref: str) -> float | None:
+    """The median over the repetitions of name's rate over ref's in the same
+    repetition (the two ran back to back, under the same load)."""
+    import statistics
+    a = row["clients"].get(name, {}).get("runs", [])
+    b = row["clients"].get(ref, {}).get("runs", [])
+    xs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
+          for x, y in zip(a, b) if "error" not in x and "error" not in y]
+    return statistics.median(xs) if xs else None
+
+
+def failures(runs: list[dict]) -> str:
+    """" (1 failed: why)" when runs failed (after being tried again)."""
+    bad = [r["error"] for r in runs if "error" in r]
+    if not bad:
+        return ""
+    why = bad[-1].replace("|", "/")[:90]
+    return f" ({len(bad)} failed: {why})"
+
+
 def load_range(runs: list[dict]) -> str:
     """The 1-minute load average over the runs: lowest to highest."""
     xs = [x[0] for r in runs for x in r.get("load", []) if x]
@@ -72,8 +92,9 @@ def verdict(ok: bool | None) -> str:
 def machine_line(m: dict, what: str) -> str:
     v = m["versions"]
     peers = ", ".join(f"{k} {v[k]}" for k in ("rbfly", "rstream") if v.get(k))
+    broker = f"RabbitMQ {m['broker']}, " if m.get("broker") else ""
     return (f"{what}: {m['date'][:16].replace('T', ' ')} UTC, commit "
-            f"`{m['commit'][:10]}`, RabbitMQ {m['broker'] or '-'}, {m['cores']} cores "
+            f"`{m['commit'][:10]}`, {broker}{m['cores']} cores "
             f"({m['cpu_model']}), pystream {v.get('pystream')}"
             + (f", {peers}" if peers else "")
             + f"; load average {m['loadavg_start'][0]:.1f} at the start, "
@@ -186,7 +207,7 @@ def consume_block() -> str:
             share = pct(med(s) / limit) if limit and name != "wire" else "–"
             broker = (f"{s['broker_cpu_share_median']:.2f}"
                       if "broker_cpu_share_median" in s else "-")
-            runs = ", ".join(rate(x) for x in s["msg_per_s_all"])
+            runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
             out.append(f"| {label} | {rate(med(s))} | {s['mb_per_s_median']:.0f} | "
                        f"{share} | {s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
                        f"| {load_range(c['runs'])} |")
@@ -219,7 +240,7 @@ def publish_block() -> str:
             share = pct(med(s) / limit) if limit and name != "wire" else "–"
             broker = (f"{s['broker_cpu_share_median']:.2f}"
                       if "broker_cpu_share_median" in s else "-")
-            runs = ", ".join(rate(x) for x in s["msg_per_s_all"])
+            runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
             out.append(f"| {label} | {rate(med(s))} | {share} | "
                        f"{s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
                        f"| {load_range(c['runs'])} |")
@@ -252,8 +273,8 @@ def latency_block() -> str:
             ratio = f"{c['p99_median_ms'] / floor:.1f}x" if floor else "–"
             label = f"**{c['label']}**" if name == "pystream" else c["label"]
             cpu = f"{c['cpu_share_median']:.0%}" if "cpu_share_median" in c else "-"
-            flagged = (f" ({c['publisher_flagged']} runs: publisher behind)"
-                       if c["publisher_flagged"] else "")
+            n = c["publisher_flagged"]
+            flagged = f" ({n} run{'s' if n > 1 else ''}: publisher behind)" if n else ""
             out.append(f"| {head} | {label} | {ms(c['p50_median_ms'])} | "
                        f"{ms(c['p99_median_ms'])} | {ms(c['p99_min_ms'])}-"
                        f"{ms(c['p99_max_ms'])} | {ms(c['p99.9_median_ms'])} | "
@@ -287,8 +308,9 @@ def targets_block() -> str:
             if ws and p:
                 x = med(p) / med(ws)
                 out.append(f"- consume {count(row['messages'])} × {row['body_size']} B: "
-                           f"pystream at {pct(x)} of the C wire limit (target "
-                           f"{pct(CONSUME_TARGET)}): {verdict(x >= CONSUME_TARGET)}; "
+                           f"pystream at {pct(x)} of the C wire limit (median of the "
+                           f"repetitions' ratios: {pct(paired(row, 'pystream', 'wire'))}; "
+                           f"target {pct(CONSUME_TARGET)}): {verdict(x >= CONSUME_TARGET)}; "
                            f"CPU per million messages: pystream "
                            f"{p['cpu_s_per_m_median']:.3f} s, the C reader "
                            f"{ws['cpu_s_per_m_median']:.3f} s")
@@ -302,8 +324,10 @@ def targets_block() -> str:
                 if w and p:
                     x = med(p) / w
                     out.append(f"- publish {count(row['messages'])} × 100 B from {what}: "
-                               f"pystream at {pct(x)} of the C publish limit (target "
-                               f"{pct(PUBLISH_TARGET)}): {verdict(x >= PUBLISH_TARGET)}")
+                               f"pystream at {pct(x)} of the C publish limit (median of "
+                               f"the repetitions' ratios: {pct(paired(row, name, 'wire'))}; "
+                               f"target {pct(PUBLISH_TARGET)}): "
+                               f"{verdict(x >= PUBLISH_TARGET)}")
         row = publish["rows"].get("100b-peers")
         if row:
             for name, what in kinds:
@@ -354,7 +378,9 @@ def decode_block() -> str:
                 cells.append("–")
                 continue
             base = med((size.get("rbfly") or {}).get("summary"))
-            x = f"{rate(med(s))} msg/s, {s['gb_per_s_median']:.1f} GB/s"
+            gb = s["gb_per_s_median"]
+            x = f"{rate(med(s))} msg/s, {gb:.1f} GB/s" if gb >= 1 else \
+                f"{rate(med(s))} msg/s, {gb * 1e3:.0f} MB/s"
             if base and name != "rbfly":
                 x += f" ({med(s) / base:.0f}x rbfly)"
             cells.append(x)

@@ -1,7 +1,7 @@
 """Where the time goes: profiles of one run of a reader or publisher.
 
-    .venv/bin/python bench/profile.py                 # every profile below
-    .venv/bin/python bench/profile.py --only consume-1k
+    .venv/bin/python bench/profile_runs.py                 # every profile below
+    .venv/bin/python bench/profile_runs.py --only consume-1k
 
 For each case it runs one measurement as the benchmarks do (the same child
 process command line) under
