@@ -36,6 +36,7 @@ import harness  # noqa: E402
 
 OUT = harness.RESULTS / "profiles"
 PY = sys.executable
+PYSPY = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
 
 
 def cases(uri: str) -> dict[str, list[str]]:
@@ -58,18 +59,22 @@ def cases(uri: str) -> dict[str, list[str]]:
     }
 
 
-def perf_summary(data: Path, client: str) -> str:
+def perf_summary(data: Path, pid: int) -> str:
     def report(*args: str) -> list[str]:
         out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-q",
-                              "--no-children", *args], capture_output=True,
-                             text=True).stdout
-        return [line.rstrip() for line in out.splitlines() if "%" in line]
-    by_comm = report("--sort", "comm")[:15]
-    comms = {"wire"} if client == "wire" else {"python", "python3"}
-    syms = report("--sort", "dso,symbol", "--comms", ",".join(comms), "-g", "none")[:30]
-    return ("samples by process (the whole machine):\n" + "\n".join(by_comm)
-            + f"\n\nthe client's hottest symbols ({', '.join(sorted(comms))}):\n"
-            + "\n".join(re.sub(r"\s{3,}", "   ", s) for s in syms) + "\n")
+                              "--no-children", "-g", "none", *args],
+                             capture_output=True, text=True).stdout
+        return [re.sub(r"\s{3,}", "   ", line.rstrip())
+                for line in out.splitlines() if "%" in line]
+    by_pid = report("--sort", "pid")[:15]
+    syms = report("--sort", "dso,symbol", "--pid", str(pid),
+                  "--percentage", "relative")[:30]
+    return ("samples by process, the whole machine (the broker is beam.smp):\n"
+            + "\n".join(by_pid)
+            + f"\n\nthe client's (pid {pid}) hottest symbols, share of its own samples "
+              "(its whole life, start-up and imports included; the result line above "
+              "is the measured window):\n"
+            + "\n".join(syms) + "\n")
 
 
 def pyspy_summary(raw: Path) -> str:
@@ -107,15 +112,19 @@ def run(name: str, cmd: list[str], uri: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "perf.data"
             load = harness.loadavg()
+            pidfile = Path(tmp) / "pid"
+            # the client execs in the shell whose pid is written first
+            shell = ["sh", "-c", 'echo $$ > "$0"; exec "$@"', str(pidfile), *cmd]
             proc = subprocess.run(["perf", "record", "-q", "-a", "-g", "-F", "499",
-                                   "-o", str(data), "--", *cmd],
+                                   "-o", str(data), "--", *shell],
                                   capture_output=True, text=True, env=env)
             res = harness.parse_result(proc.returncode, proc.stdout, proc.stderr)
+            pid = int(pidfile.read_text())
             text += [f"result: {harness.describe({**res, 'load': [load, harness.loadavg()]})}",
-                     "", perf_summary(data, "wire" if "-wire" in name else "python")]
-            if "-wire" not in name and shutil.which("py-spy"):
+                     "", perf_summary(data, pid)]
+            if "-wire" not in name and Path(PYSPY).exists():
                 raw = Path(tmp) / "pyspy.txt"
-                proc = subprocess.run(["py-spy", "record", "-r", "250", "-f", "raw",
+                proc = subprocess.run([PYSPY, "record", "-r", "250", "-f", "raw",
                                        "--threads", "-o", str(raw), "--", *cmd],
                                       capture_output=True, text=True, env=env)
                 res = harness.parse_result(proc.returncode, proc.stdout, proc.stderr)

@@ -410,7 +410,12 @@ def spark_block() -> str:
         broker = (f"{s['broker_cpu_share_median']:.2f}"
                   if "broker_cpu_share_median" in s else "-")
         ratio = f"{med(s) / base:.2f}" if base else "–"
-        out.append(f"| {name} | {s['seconds_median']:.2f} | {rate(med(s))} | {ratio} "
+        label = {"parquet": "Spark's Parquet reader, the same rows in a local file",
+                 "pystream": "`rabbitmq_stream`, every column",
+                 "pystream-body": '`rabbitmq_stream`, `.schema("body binary")`',
+                 "python-ceiling": "a Python data source with no I/O (prebuilt batches)",
+                 }.get(name, name)
+        out.append(f"| {label} | {s['seconds_median']:.2f} | {rate(med(s))} | {ratio} "
                    f"| {broker} | {load_range(c['runs'])} |")
     out += ["", machine_line(res["machine"], "Measured")]
     return "\n".join(out) + "\n"
