@@ -23,8 +23,9 @@ same messages for all of them (same stream, same count, same encoding):
 
 Clients, each run in a fresh process with its own connection:
 
-* ``wire``: the wire limit, ``bench/wire/wire consume`` in C: subscribes
-  as pystream's consumer does (credit 1, then a Credit of 63: pystream's
+* ``wire``: the wire limit, ``bench/wire/wire consume`` in C: connects
+  (inside its window, as pystream's consumer opens a connection to the
+  stream's node inside its own) and subscribes as pystream's consumer does (credit 1, then a Credit of 63: pystream's
   most), ``recv``s into one 64 MiB buffer, walks frame sizes and chunk
   headers, counts records, grants one credit per chunk received; never
   reads an entry. What the broker and loopback TCP allow.

@@ -3,9 +3,9 @@
  * that is left to measure.
  *
  *   wire consume HOST PORT USER PASS VHOST STREAM COUNT [WINDOW]
- *       Subscribe at "first" (credit 1 in Subscribe, WINDOW - 1 in a Credit
- *       right after it, as pystream's consumer does; WINDOW 64, pystream's
- *       most), recv into one large buffer, walk frame sizes and chunk
+ *       Connect, then subscribe at "first" (credit 1 in Subscribe, WINDOW - 1
+ *       in a Credit right after it, as pystream's consumer does; WINDOW 64,
+ *       pystream's most), recv into one large buffer, walk frame sizes and chunk
  *       headers, count records, grant one credit per chunk received (once
  *       per recv), never look at the entries. Stops at offset COUNT.
  *   wire publish HOST PORT USER PASS VHOST STREAM COUNT BODY [IN_FLIGHT]
@@ -325,10 +325,13 @@ static int cmd_consume(char **a, int n) {
     c.cap = 64u << 20;
     c.buf = malloc(c.cap);
     if (!c.buf) die("out of memory");
-    handshake(&c, a);
+    memset(c.buf, 0, c.cap);   /* fault the buffer in before the clock starts */
 
+    /* the window holds a connection and handshake, as pystream's consumer
+     * opens its own connection to the stream's node inside its window */
     window_t w;
     window_start(&w);
+    handshake(&c, a);
     subscribe(&c, stream, 1 /* first */, window);
     uint64_t records = 0, chunks = 0, chunk_bytes = 0, next_offset = 0;
     uint64_t rec_min = UINT64_MAX, rec_max = 0, recvs = 0;
