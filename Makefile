@@ -52,16 +52,20 @@ soak: build brokers
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS) --json bench/results/soak.json
 
 # Decode speed (no broker), then reading and publishing end to end against
-# the modern broker beside rbfly, rstream and the wire limit, latency at
-# fixed rates (plots in bench/results), what the OpenTelemetry metrics cost,
-# then Spark reading a stream beside Parquet (each script has --help).
+# the modern broker beside rbfly, rstream and the C wire limits
+# (bench/wire), latency at fixed rates beside the C floor (plots in
+# bench/results), what the OpenTelemetry metrics cost, Spark reading a
+# stream beside Parquet; every result is stored in bench/results and the
+# README's tables are rendered from them (each script has --help).
 bench: build brokers
-	$(PY) -m pytest bench/bench_decode.py --benchmark-only
+	$(MAKE) -s -C bench/wire
+	$(PY) bench/bench_decode.py
 	$(PY) bench/bench_consume.py
 	$(PY) bench/bench_publish.py
-	$(PY) bench/bench_latency.py --json bench/results/latency.json
+	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_otel.py --json bench/results/otel.json
 	$(PY) bench/bench_spark.py
+	$(PY) bench/report.py
 
 clean:
-	rm -rf build dist *.egg-info pystream/_core.c pystream/*.so
+	rm -rf build dist *.egg-info pystream/_core.c pystream/*.so bench/wire/wire

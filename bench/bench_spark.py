@@ -25,17 +25,17 @@ query ``count(*), sum(length(body))`` over its first ``--messages`` records:
 
 One session serves every run; each reader is warmed up once, then the
 readers take turns ``--repeat`` times. Medians of the wall time of the
-query; rows/s and the ratio to Parquet are printed. The machine's two cores
-run the broker, Spark's JVM and its Python workers at once.
+query; rows/s and the ratio to Parquet are printed and stored
+(bench/results/spark.json, with the broker's CPU time and the load average
+of each run). The machine's two cores run the broker, Spark's JVM and its
+Python workers at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _runs import fmt_rate  # noqa: E402
-from bench_consume import DEFAULT_URI, prefill  # noqa: E402
+import harness  # noqa: E402
+from bench_consume import prefill  # noqa: E402
 
 STREAM = "bench-100b"
 CACHE = pathlib.Path(os.environ.get("PYSTREAM_BENCH_CACHE",
@@ -99,14 +99,17 @@ def ceiling_source():
     return Ceiling
 
 
+READERS = ("parquet", "pystream", "pystream-body", "python-ceiling")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--uri", default=os.environ.get("PYSTREAM_TEST_URI", DEFAULT_URI))
+    ap = harness.parser(__doc__, clients=READERS, repeat=3, result="spark")
     ap.add_argument("--messages", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", help="write machine-readable results here")
     args = ap.parse_args()
+    names = harness.chosen(ap, args)
+    info = harness.machine(args.uri)
+    harness.banner(info, "spark")
+    broker = harness.broker_pid(args.uri)
 
     import pystream
     prefill(args.uri, STREAM, 100, args.messages)
@@ -146,38 +149,44 @@ def main() -> None:
         "python-ceiling": lambda n: spark.read.format("ceiling").option("rows", n).load(),
     }
 
-    def measure(name: str, count: int) -> float:
+    def measure(name: str, count: int) -> dict:
+        load = harness.loadavg()
+        b0 = harness.proc_cpu(broker)
         started = time.perf_counter()
         rows, size = readers[name](count).agg(
             F.count("*"), F.sum(F.length("body"))).first()
         seconds = time.perf_counter() - started
+        b1 = harness.proc_cpu(broker)
         if rows != count or size != 100 * count:
-            raise SystemExit(f"{name}: read {rows} rows, {size} bytes; "
-                             f"expected {count}, {100 * count}")
-        return seconds
+            return {"error": f"{name}: read {rows} rows, {size} bytes; "
+                             f"expected {count}, {100 * count}"}
+        out = {"messages": count, "seconds": seconds,
+               "load": [load, harness.loadavg()]}
+        if b0 is not None and b1 is not None:
+            out["broker_cpu"] = b1 - b0
+        return out
 
     measure("parquet", args.messages)  # JVM and Python workers warm
-    for name in ("pystream", "pystream-body", "python-ceiling"):
+    for name in names:
         measure(name, min(args.messages, 200_000))
-    seconds: dict[str, list[float]] = {name: [] for name in readers}
-    for run in range(args.repeat):
-        for name in readers:
-            seconds[name].append(measure(name, args.messages))
-            print(f"run {run + 1}: {name:14} {seconds[name][-1]:6.2f} s", flush=True)
+    runs = harness.interleave(args.repeat, names,
+                              lambda name: measure(name, args.messages))
     spark.stop()
 
-    medians = {name: statistics.median(s) for name, s in seconds.items()}
-    base = args.messages / medians["parquet"]
+    out = {name: {"summary": harness.summarize(runs[i], 100), "runs": runs[i]}
+           for i, name in enumerate(names)}
+    base = (out.get("parquet", {}).get("summary") or {}).get("msg_per_s_median")
     print(f"\nSpark local[2], {args.messages:,} records of 100 B, "
           f"count(*) + sum(length(body)), medians of {args.repeat}:\n")
-    print("| reader | seconds | rows/s | vs Parquet |")
-    print("|---|---|---|---|")
-    for name, median in medians.items():
-        rate = args.messages / median
-        print(f"| {name} | {median:.2f} | {fmt_rate(rate)} | {rate / base:.2f} |")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"messages": args.messages, "seconds": seconds, "medians": medians}, indent=2))
+    for name, v in out.items():
+        s = v["summary"]
+        if s:
+            ratio = f"{s['msg_per_s_median'] / base:.2f}" if base else "-"
+            print(f"  {name:16} {s['seconds_median']:6.2f} s "
+                  f"{harness.fmt_rate(s['msg_per_s_median'])} rows/s  x{ratio} Parquet")
+    harness.write_results(args.json, info, {
+        "benchmark": "spark", "repeat": args.repeat, "messages": args.messages,
+        "readers": out})
 
 
 if __name__ == "__main__":

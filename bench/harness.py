@@ -1,0 +1,398 @@
+"""The one harness of the benchmarks: arguments, runs in fresh processes
+taken in turns, the C wire limits, medians, and the stored results.
+
+Every script (bench_consume, bench_publish, bench_latency, bench_decode,
+bench_spark) builds its parser with ``parser()``, runs each measurement
+with ``run_child`` (or ``run_wire`` for the C limits), takes the clients in
+turn within each repetition (``interleave``) so the machine's noise hits all
+of them alike, and writes ``bench/results/<name>.json`` with
+``write_results``: per run the figures, the measuring process's and the
+broker's CPU time over the measured window (``Window``, from /proc) and the
+load average before and after; once, the machine (CPU model, cores),
+the git commit, the installed versions of every package involved
+(importlib.metadata), the broker's version and the date.
+``bench/report.py`` renders the README's tables from those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+WIRE = HERE / "wire" / "wire"
+DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+PACKAGES = ("pystream", "rbfly", "rstream", "pyarrow", "numpy", "pyspark")
+BROKER_PID_ENV = "PYSTREAM_BENCH_BROKER_PID"
+
+
+# --- arguments ------------------------------------------------------------------
+
+
+def parser(doc: str, *, clients: Iterable[str], default: Iterable[str] | None = None,
+           repeat: int = 5, result: str | None = None) -> argparse.ArgumentParser:
+    """The arguments every benchmark takes; the script adds its own."""
+    clients = tuple(clients)
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 epilog=doc.split("\n\n", 1)[1] if "\n\n" in doc else None,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--uri", default=os.environ.get("PYSTREAM_TEST_URI", DEFAULT_URI))
+    ap.add_argument("--repeat", type=int, default=repeat,
+                    help=f"runs of each client (default {repeat}); medians")
+    ap.add_argument("--only", default=",".join(default or clients),
+                    help=f"comma-separated clients among {', '.join(clients)}")
+    ap.add_argument("--timeout", type=float, default=900,
+                    help="seconds allowed to one run")
+    ap.add_argument("--stall", type=float, default=30,
+                    help="end a run that made no progress for this many seconds")
+    ap.add_argument("--json", default=str(RESULTS / f"{result}.json") if result else None,
+                    help="where the results go" + (f" (default bench/results/{result}.json;"
+                                                   " '' for nowhere)" if result else ""))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.set_defaults(clients_known=clients)
+    return ap
+
+
+def chosen(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The ``--only`` list, each one a known client."""
+    names = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = set(names) - set(args.clients_known)
+    if unknown:
+        ap.error(f"unknown clients: {', '.join(sorted(unknown))}")
+    return names
+
+
+# --- what the messages hold -----------------------------------------------------
+
+
+def make_body(size: int) -> bytes:
+    return (bytes(range(256)) * (size // 256 + 1))[:size]
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.0f} k"
+
+
+# --- inside a child process -----------------------------------------------------
+
+# Messages read or sent so far by this (child) process; a watchdog ends a
+# run that stops making progress (a client retrying forever).
+PROGRESS = [0]
+
+
+def start_watchdog(stall_seconds: float) -> None:
+    def watch() -> None:
+        last, since = -1, time.monotonic()
+        while True:
+            time.sleep(1.0)
+            now = PROGRESS[0]
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > stall_seconds:
+                print(f"STALLED no progress for {stall_seconds:g} s after "
+                      f"{now:,} messages", flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def proc_cpu(pid: int) -> float | None:
+    """utime + stime of a process, seconds (None when unknown)."""
+    if pid <= 0:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Window:
+    """The measured window of a run: wall time, this process's CPU time
+    (all threads) and the broker's (its pid comes from the parent)."""
+
+    def __init__(self) -> None:
+        self.broker = int(os.environ.get(BROKER_PID_ENV, "0"))
+
+    def start(self) -> None:
+        gc.collect()
+        self.b0 = proc_cpu(self.broker)
+        self.cpu0, self.t0 = time.process_time(), time.perf_counter()
+
+    def stop(self, messages: int, **extra: object) -> dict:
+        t1, cpu1 = time.perf_counter(), time.process_time()
+        b1 = proc_cpu(self.broker)
+        out = {"messages": messages, "seconds": t1 - self.t0,
+               "cpu": cpu1 - self.cpu0, **extra}
+        if self.b0 is not None and b1 is not None:
+            out["broker_cpu"] = b1 - self.b0
+        return out
+
+
+def child_done(result: dict) -> None:
+    """Hand the result to the parent and leave at once (peers' teardown is
+    slow and not measured)."""
+    print("RESULT " + json.dumps(result), flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# --- in the parent ----------------------------------------------------------------
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def broker_pid(uri: str) -> int:
+    """The pid of the process listening on the URI's port when the broker
+    runs on this machine (``ss -ltnp``); 0 when unknown."""
+    from pystream.uri import parse_uri
+    a = parse_uri(uri)
+    if a.host not in ("localhost", "127.0.0.1", "::1"):
+        return 0
+    try:
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{a.port}"],
+                             capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"pid=(\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+def child_env(uri: str) -> dict:
+    pid = broker_pid(uri)
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "1",
+            BROKER_PID_ENV: str(pid), "WIRE_BROKER_PID": str(pid)}
+
+
+def parse_result(returncode: int, stdout: str, stderr: str) -> dict:
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+        if line.startswith("STALLED "):
+            return {"error": line.lower()}
+    tail = (stderr or stdout).strip().splitlines()[-3:]
+    return {"error": f"exit {returncode}: " + " | ".join(tail)}
+
+
+def run_child(cmd: list[str], timeout: float, uri: str) -> dict:
+    """One measurement in a fresh process: its ``RESULT {json}`` line (or
+    ``{"error": ...}``) with the load average before and after."""
+    before = loadavg()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=timeout, env=child_env(uri))
+        out = parse_result(proc.returncode, proc.stdout, proc.stderr)
+    except subprocess.TimeoutExpired:
+        out = {"error": f"timed out after {timeout} s"}
+    out["load"] = [before, loadavg()]
+    return out
+
+
+def admin(uri: str, action: Callable, attempts: int = 3):
+    """``action(client)`` on a fresh connection, tried again when the
+    connection is lost (other users of a shared broker close connections)."""
+    import pystream
+    from pystream.errors import ConnectionLost
+    for attempt in range(attempts):
+        try:
+            with pystream.connect(uri) as client:
+                return action(client)
+        except ConnectionLost:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+
+
+def wire_binary() -> Path:
+    """The C wire client, built when missing or older than its source."""
+    src = WIRE.with_suffix(".c")
+    if not WIRE.exists() or WIRE.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["make", "-s", "-C", str(WIRE.parent)], check=True)
+    return WIRE
+
+
+def wire_args(uri: str) -> list[str]:
+    from pystream.uri import parse_uri
+    a = parse_uri(uri)
+    if a.tls:
+        raise SystemExit("the C wire client does not do TLS")
+    return [a.host, str(a.port), a.username, a.password, a.virtual_host]
+
+
+def wire_cmd(mode: str, uri: str, stream: str, *rest: object) -> list[str]:
+    return [str(wire_binary()), mode, *wire_args(uri), stream, *map(str, rest)]
+
+
+def run_wire(mode: str, uri: str, stream: str, *rest: object,
+             timeout: float = 900) -> dict:
+    """One run of the C wire client (``bench/wire/wire.c``)."""
+    return run_child(wire_cmd(mode, uri, stream, *rest), timeout, uri)
+
+
+def describe(res: dict) -> str:
+    """One line about one run, for the log."""
+    if "error" in res:
+        return f"FAILED {res['error']}"
+    msg = (f"{res['messages']:,} in {res['seconds']:.3f} s, "
+           f"{fmt_rate(res['messages'] / res['seconds'])} msg/s")
+    if "cpu" in res:
+        msg += f", cpu {res['cpu'] / res['seconds']:.0%}"
+    if "broker_cpu" in res:
+        msg += f", broker {res['broker_cpu'] / res['seconds']:.0%}"
+    if res.get("load"):
+        msg += f", load {res['load'][0][0]:.1f}->{res['load'][1][0]:.1f}"
+    return msg
+
+
+def interleave(repeat: int, cases: list, run: Callable[[object], dict],
+               label: Callable[[object], str] = str) -> dict[int, list[dict]]:
+    """Each case once per repetition, in turn: {case index: [runs]}. A
+    failed run is tried once more (other users of the shared broker may
+    close its connections); the failure stays in the record."""
+    runs: dict[int, list[dict]] = {i: [] for i in range(len(cases))}
+    for rep in range(repeat):
+        for i, case in enumerate(cases):
+            res = run(case)
+            if "error" in res:
+                print(f"run {rep + 1}/{repeat} {label(case):<40} {describe(res)}; "
+                      "once more", flush=True)
+                res = {**run(case), "retried_after": res["error"]}
+            runs[i].append(res)
+            print(f"run {rep + 1}/{repeat} {label(case):<40} {describe(res)}",
+                  flush=True)
+    return runs
+
+
+def summarize(runs: list[dict], body_size: int) -> dict | None:
+    """Medians over the runs that did not fail (None if all did): msg/s,
+    MB/s of bodies, the client's CPU per million messages and its share of
+    a core, the broker's share."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return None
+    rates = [r["messages"] / r["seconds"] for r in good]
+    out = {
+        "runs": len(good), "failed": len(runs) - len(good),
+        "messages": good[0]["messages"],
+        "seconds_median": statistics.median(r["seconds"] for r in good),
+        "msg_per_s_median": statistics.median(rates),
+        "msg_per_s_all": rates,
+        "mb_per_s_median": statistics.median(rates) * body_size / 1e6,
+    }
+    if all("cpu" in r for r in good):
+        out["cpu_s_per_m_median"] = statistics.median(
+            r["cpu"] / r["messages"] * 1e6 for r in good)
+        out["cpu_share_median"] = statistics.median(r["cpu"] / r["seconds"]
+                                                    for r in good)
+    if all("broker_cpu" in r for r in good):
+        out["broker_cpu_share_median"] = statistics.median(
+            r["broker_cpu"] / r["seconds"] for r in good)
+        out["broker_cpu_s_per_m_median"] = statistics.median(
+            r["broker_cpu"] / r["messages"] * 1e6 for r in good)
+    return out
+
+
+# --- what the results record --------------------------------------------------------
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def label(client: str) -> str:
+    """``rbfly 0.10.2``: the installed version beside a peer's name."""
+    version = versions().get(client)
+    return f"{client} {version}" if version else client
+
+
+def git_commit() -> str:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,
+                              text=True).stdout.strip()
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "pystream",
+                "csrc", "bench/wire", "setup.py")
+    return commit + ("-dirty" if dirty else "")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def broker_version(uri: str, wait: float = 180) -> str:
+    """The broker's version; waits up to ``wait`` seconds for a broker that
+    is restarting (the test brokers are shared)."""
+    from pystream.errors import StreamError
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return admin(uri, lambda c: c.server_properties.get("version", "?"))
+        except StreamError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+def machine(uri: str | None) -> dict:
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": git_commit(),
+        "versions": versions(),
+        "python": platform.python_version(),
+        "broker": broker_version(uri) if uri else None,
+        "broker_address": uri.split("@")[-1] if uri else None,
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "loadavg_start": loadavg(),
+    }
+
+
+def write_results(path: str | None, info: dict, body: dict) -> None:
+    if not path:
+        return
+    info = {**info, "loadavg_end": loadavg()}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"machine": info, **body}, indent=1) + "\n")
+    print(f"results written to {path}", flush=True)
+
+
+def banner(info: dict, what: str) -> None:
+    v = info["versions"]
+    print(f"{what}: RabbitMQ {info['broker']} at {info['broker_address']}; "
+          f"{info['cores']} cores ({info['cpu_model']}); python {info['python']}; "
+          + ", ".join(f"{k} {x}" for k, x in v.items() if x)
+          + f"; commit {info['commit'][:12]}; load {info['loadavg_start']}",
+          flush=True)

@@ -1,0 +1,461 @@
+"""The README's benchmark figures, rendered from the stored results.
+
+    .venv/bin/python bench/report.py            # rewrite the generated blocks of README.md
+    .venv/bin/python bench/report.py --check    # exit 1 if a block differs from the results
+
+Every figure of the README's "How fast" and "Benchmarks" sections (and the
+decode table of "Decoding Deliver frames") sits between a pair of marker
+comments, ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, and is
+written here from bench/results/*.json; nothing between them is typed by
+hand. tests/test_bench_report.py re-renders them and fails on any
+difference. Ratios are of medians; a target is "met" only when the
+measured ratio reaches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE.parent / "README.md"
+MARKER = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(.*?)(<!-- /bench:(?P=name) -->)",
+                    re.S)
+PEERS = ("rbfly", "rstream")
+CONSUME_TARGET, PUBLISH_TARGET, FLOOR_FACTOR = 0.95, 0.90, 2.0
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# --- formats ------------------------------------------------------------------
+
+
+def rate(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.2f} M"
+    return f"{x / 1e3:.0f} k" if x >= 1e3 else f"{x:.0f}"
+
+
+def count(n: int) -> str:
+    return f"{n / 1e6:g} M" if n >= 1e6 else f"{n / 1e3:g} k"
+
+
+def ms(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:.0f} %"
+
+
+def med(summary: dict | None) -> float | None:
+    return summary["msg_per_s_median"] if summary else None
+
+
+def paired(row: dict, name: str, ref: str) -> float | None:
+    """The median over the repetitions of name's rate over ref's in the same
+    repetition (the two ran back to back, under the same load)."""
+    import statistics
+    a = row["clients"].get(name, {}).get("runs", [])
+    b = row["clients"].get(ref, {}).get("runs", [])
+    xs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
+          for x, y in zip(a, b) if "error" not in x and "error" not in y]
+    return statistics.median(xs) if xs else None
+
+
+def failures(runs: list[dict]) -> str:
+    """" (1 failed: why)" when runs failed (after being tried again)."""
+    bad = [r["error"] for r in runs if "error" in r]
+    if not bad:
+        return ""
+    why = bad[-1].replace("|", "/")[:90]
+    return f" ({len(bad)} failed: {why})"
+
+
+def load_range(runs: list[dict]) -> str:
+    """The 1-minute load average over the runs: lowest to highest."""
+    xs = [x[0] for r in runs for x in r.get("load", []) if x]
+    return f"{min(xs):.1f}-{max(xs):.1f}" if xs else "-"
+
+
+def verdict(ok: bool | None) -> str:
+    return {True: "met", False: "**not met**", None: "not measured"}[ok]
+
+
+def machine_line(m: dict, what: str) -> str:
+    v = m["versions"]
+    peers = ", ".join(f"{k} {v[k]}" for k in ("rbfly", "rstream") if v.get(k))
+    broker = f"RabbitMQ {m['broker']}, " if m.get("broker") else ""
+    return (f"{what}: {m['date'][:16].replace('T', ' ')} UTC, commit "
+            f"`{m['commit'][:10]}`, {broker}{m['cores']} cores "
+            f"({m['cpu_model']}), pystream {v.get('pystream')}"
+            + (f", {peers}" if peers else "")
+            + f"; load average {m['loadavg_start'][0]:.1f} at the start, "
+              f"{m['loadavg_end'][0]:.1f} at the end")
+
+
+# --- the blocks ---------------------------------------------------------------
+
+
+def client_cell(row: dict, name: str, limit: float | None) -> str:
+    c = row["clients"].get(name)
+    if c is None:
+        return "–"
+    s = c["summary"]
+    if s is None:
+        return "failed"
+    x = med(s)
+    if name == "wire":
+        return rate(x)
+    cell = rate(x) + (f" ({pct(x / limit)})" if limit else "")
+    return f"**{cell}**" if name.startswith("pystream") else cell
+
+
+def how_fast() -> str:
+    consume, publish, latency = load("consume"), load("publish"), load("latency")
+    labels = {"rbfly": "rbfly", "rstream": "rstream"}
+    for res in (consume, publish):
+        for row in (res or {}).get("rows", {}).values():
+            for name, c in row["clients"].items():
+                if name in labels:
+                    labels[name] = c["label"]
+    lines = [f"| msg/s, or p99 latency | C limit | pystream (share of the C limit) "
+             f"| {labels['rbfly']} | {labels['rstream']} |", "|---|---|---|---|---|"]
+    if consume:
+        for key, what in (("100b", "consume {n} × 100 B"),
+                          ("100b-peers", "consume {n} × 100 B, every client"),
+                          ("1k", "consume {n} × 1 KiB")):
+            row = consume["rows"].get(key)
+            if not row:
+                continue
+            limit = med(row["clients"].get("wire", {}).get("summary"))
+            cells = [client_cell(row, c, limit) for c in ("wire", "pystream", *PEERS)]
+            lines.append(f"| {what.format(n=count(row['messages']))} | "
+                         + " | ".join(cells) + " |")
+    if publish:
+        for key, what in (("100b", "publish {n} × 100 B, every confirm"),
+                          ("100b-peers", "publish {n} × 100 B, every client")):
+            row = publish["rows"].get(key)
+            if not row:
+                continue
+            limit = med(row["clients"].get("wire", {}).get("summary"))
+            cells = [client_cell(row, c, limit) for c in ("wire", "pystream", *PEERS)]
+            lines.append(f"| {what.format(n=count(row['messages']))} | "
+                         + " | ".join(cells) + " |")
+    if latency:
+        runs = "run" if latency["repeat"] == 1 else "runs"
+        for r, by in latency["rates"].items():
+            def p99(name: str) -> str:
+                c = by.get(name)
+                if c is None:
+                    return "–"
+                if "p99_median_ms" not in c:
+                    return "failed"
+                x = f"{ms(c['p99_median_ms'])} ms"
+                return f"**{x}**" if name == "pystream" else x
+            lines.append(f"| latency p99 at {count(int(r))} msg/s "
+                         f"(median of {latency['repeat']} {runs}) | "
+                         + " | ".join(p99(c) for c in ("wire", "pystream", *PEERS)) + " |")
+    loads = [x[0] for res in (consume, publish, latency) if res
+             for run in all_runs(res) for x in run.get("load", []) if x]
+    if loads:
+        lines += ["", f"The load average (1 minute, {consume['machine']['cores'] if consume else '?'} "
+                      f"cores) ranged from {min(loads):.1f} to {max(loads):.1f} during "
+                      "these runs: the machine was shared with other builds and tests."]
+    return "\n".join(lines) + "\n"
+
+
+def all_runs(res: dict) -> list[dict]:
+    """Every run stored in a results file."""
+    out = []
+    for row in res.get("rows", {}).values():
+        for c in row["clients"].values():
+            out += c["runs"]
+    for by in res.get("rates", {}).values():
+        for c in by.values():
+            out += c["runs"]
+    return out
+
+
+def consume_block() -> str:
+    res = load("consume")
+    if not res:
+        return "(no stored results: run `make bench`)\n"
+    out = []
+    for key, row in res["rows"].items():
+        limit = med(row["clients"].get("wire", {}).get("summary"))
+        out += [f"{count(row['messages'])} messages of {row['body_size']} B "
+                f"(`{row['stream']}`), medians of {res['repeat']} runs, every client reading "
+                f"the same messages:", "",
+                "| reader | msg/s | MB/s (bodies) | share of the C limit "
+                "| reader CPU s per M msgs | broker CPU (cores) | each run (msg/s) | load |",
+                "|---|---|---|---|---|---|---|---|"]
+        for name, c in row["clients"].items():
+            s = c["summary"]
+            label = "C wire limit" if name == "wire" else c["label"]
+            if s is None:
+                out.append(f"| {label} | failed: {c['runs'][-1].get('error', '?')} "
+                           "||||||| ")
+                continue
+            share = pct(med(s) / limit) if limit and name != "wire" else "–"
+            broker = (f"{s['broker_cpu_share_median']:.2f}"
+                      if "broker_cpu_share_median" in s else "-")
+            runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
+            out.append(f"| {label} | {rate(med(s))} | {s['mb_per_s_median']:.0f} | "
+                       f"{share} | {s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
+                       f"| {load_range(c['runs'])} |")
+        out.append("")
+    out.append(machine_line(res["machine"], "Measured"))
+    return "\n".join(out) + "\n"
+
+
+def publish_block() -> str:
+    res = load("publish")
+    if not res:
+        return "(no stored results: run `make bench`)\n"
+    out = []
+    for key, row in res["rows"].items():
+        limit = med(row["clients"].get("wire", {}).get("summary"))
+        out += [f"{count(row['messages'])} messages of {row['body_size']} B, every "
+                f"confirm awaited, a fresh stream per run, medians of "
+                f"{res['repeat']} runs:", "",
+                "| publisher | msg/s | share of the C limit | publisher CPU s per M "
+                "msgs | broker CPU (cores) | each run (msg/s) | load |",
+                "|---|---|---|---|---|---|---|"]
+        for name, c in row["clients"].items():
+            s = c["summary"]
+            label = {"wire": "C publish limit", "pystream": "pystream (list of bytes)",
+                     "pystream-arrow": "pystream (arrow array)"}.get(name, c["label"])
+            if s is None:
+                out.append(f"| {label} | failed: {c['runs'][-1].get('error', '?')} "
+                           "|||||| ")
+                continue
+            share = pct(med(s) / limit) if limit and name != "wire" else "–"
+            broker = (f"{s['broker_cpu_share_median']:.2f}"
+                      if "broker_cpu_share_median" in s else "-")
+            runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
+            out.append(f"| {label} | {rate(med(s))} | {share} | "
+                       f"{s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
+                       f"| {load_range(c['runs'])} |")
+        out.append("")
+    out.append(machine_line(res["machine"], "Measured"))
+    return "\n".join(out) + "\n"
+
+
+def latency_block() -> str:
+    res = load("latency")
+    if not res:
+        return "(no stored results: run `make bench`)\n"
+    out = [f"{res['seconds']:g} s per run at each rate, the first {res['warmup']:g} s "
+           f"left out, {res['size']} B bodies, {res['repeat']} runs of each client "
+           "taking turns; each figure is the median over the runs, p99 beside the "
+           "lowest and highest run's (milliseconds):", "",
+           "| rate | consumer | p50 | p99 | p99 of the runs | p99.9 | max | p99 / C floor "
+           "| consumer CPU | lost | load |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, by in res["rates"].items():
+        floor = by.get("wire", {}).get("p99_median_ms")
+        first = True
+        for name, c in by.items():
+            head = f"{count(int(r))} msg/s" if first else ""
+            first = False
+            if "p99_median_ms" not in c:
+                out.append(f"| {head} | {c['label']} | failed: {c.get('error', '?')} "
+                           "||||||||| ")
+                continue
+            ratio = f"{c['p99_median_ms'] / floor:.1f}x" if floor else "–"
+            label = f"**{c['label']}**" if name == "pystream" else c["label"]
+            cpu = f"{c['cpu_share_median']:.0%}" if "cpu_share_median" in c else "-"
+            n = c["publisher_flagged"]
+            flagged = f" ({n} run{'s' if n > 1 else ''}: publisher behind)" if n else ""
+            out.append(f"| {head} | {label} | {ms(c['p50_median_ms'])} | "
+                       f"{ms(c['p99_median_ms'])} | {ms(c['p99_min_ms'])}-"
+                       f"{ms(c['p99_max_ms'])} | {ms(c['p99.9_median_ms'])} | "
+                       f"{ms(c['max_median_ms'])} | {ratio} | {cpu} | "
+                       f"{c['lost']}{flagged} | {load_range(c['runs'])} |")
+    out += ["", "Targets, as measured (medians of the runs' p99):", ""]
+    for t in res["targets"]:
+        if t["against"] == "wire":
+            rule = f"at most {FLOOR_FACTOR:g}x the C floor's p99"
+        else:
+            rule = f"below {t['against']}'s"
+        p, q = t["pystream_p99_ms"], t["other_p99_ms"]
+        figures = f" ({ms(p)} vs {ms(q)} ms)" if p is not None and q is not None else ""
+        out.append(f"- {count(int(t['rate']))} msg/s, pystream's p99 {rule}: "
+                   f"{verdict(t['met'])}{figures}")
+    out += ["", machine_line(res["machine"], "Measured")]
+    return "\n".join(out) + "\n"
+
+
+def targets_block() -> str:
+    """Each throughput target with its measured ratio."""
+    consume, publish = load("consume"), load("publish")
+    out = []
+    if consume:
+        for key in ("100b", "1k"):
+            row = consume["rows"].get(key)
+            if not row:
+                continue
+            ws = row["clients"].get("wire", {}).get("summary")
+            p = row["clients"].get("pystream", {}).get("summary")
+            if ws and p:
+                x = med(p) / med(ws)
+                out.append(f"- consume {count(row['messages'])} × {row['body_size']} B: "
+                           f"pystream at {pct(x)} of the C wire limit (median of the "
+                           f"repetitions' ratios: {pct(paired(row, 'pystream', 'wire'))}; "
+                           f"target {pct(CONSUME_TARGET)}): {verdict(x >= CONSUME_TARGET)}; "
+                           f"CPU per million messages: pystream "
+                           f"{p['cpu_s_per_m_median']:.3f} s, the C reader "
+                           f"{ws['cpu_s_per_m_median']:.3f} s")
+    if publish:
+        kinds = (("pystream", "a list of bytes"), ("pystream-arrow", "an arrow array"))
+        row = publish["rows"].get("100b")
+        if row:
+            w = med(row["clients"].get("wire", {}).get("summary"))
+            for name, what in kinds:
+                p = row["clients"].get(name, {}).get("summary")
+                if w and p:
+                    x = med(p) / w
+                    out.append(f"- publish {count(row['messages'])} × 100 B from {what}: "
+                               f"pystream at {pct(x)} of the C publish limit (median of "
+                               f"the repetitions' ratios: {pct(paired(row, name, 'wire'))}; "
+                               f"target {pct(PUBLISH_TARGET)}): "
+                               f"{verdict(x >= PUBLISH_TARGET)}")
+        row = publish["rows"].get("100b-peers")
+        if row:
+            for name, what in kinds:
+                p = med(row["clients"].get(name, {}).get("summary"))
+                for peer in PEERS:
+                    q = med(row["clients"].get(peer, {}).get("summary"))
+                    if p and q:
+                        out.append(f"- publish {count(row['messages'])} × 100 B from "
+                                   f"{what}: pystream {p / q:.1f}x "
+                                   f"{row['clients'][peer]['label']} (target: ahead): "
+                                   f"{verdict(p > q)}")
+    latency = load("latency")
+    if latency:
+        for t in latency["targets"]:
+            p, q = t["pystream_p99_ms"], t["other_p99_ms"]
+            if p is None or q is None:
+                out.append(f"- latency at {count(int(t['rate']))} msg/s against "
+                           f"{t['against']}: not measured (every run failed)")
+                continue
+            if t["against"] == "wire":
+                out.append(f"- latency at {count(int(t['rate']))} msg/s: pystream's p99 "
+                           f"{p / q:.1f}x the C floor's (target at most "
+                           f"{FLOOR_FACTOR:g}x): {verdict(t['met'])}")
+            else:
+                label = latency["rates"][t["rate"] if isinstance(t["rate"], str)
+                                         else str(t["rate"])][t["against"]]["label"]
+                out.append(f"- latency at {count(int(t['rate']))} msg/s: pystream's p99 "
+                           f"{ms(p)} ms, {label}'s {ms(q)} ms (target: lower): "
+                           f"{verdict(t['met'])}")
+    return "\n".join(out) + "\n" if out else "(no stored results)\n"
+
+
+def decode_block() -> str:
+    res = load("decode")
+    if not res:
+        return "(no stored results: run `make bench`)\n"
+    sizes = res["sizes"]
+    out = [f"Decode speed (`bench/bench_decode.py`: CRC on, {res['frames']} frames of "
+           f"1 MiB, the decoders taking turns, medians of {res['repeat']} rounds):", "",
+           "| | 100-byte messages | 1 KiB messages |", "|---|---|---|"]
+    names = list(next(iter(sizes.values())))
+    for name in names:
+        cells = []
+        for size in sizes.values():
+            c = size.get(name)
+            s = c and c["summary"]
+            if not s:
+                cells.append("–")
+                continue
+            base = med((size.get("rbfly") or {}).get("summary"))
+            gb = s["gb_per_s_median"]
+            x = f"{rate(med(s))} msg/s, {gb:.1f} GB/s" if gb >= 1 else \
+                f"{rate(med(s))} msg/s, {gb * 1e3:.0f} MB/s"
+            if base and name != "rbfly":
+                x += f" ({med(s) / base:.0f}x rbfly)"
+            cells.append(x)
+        label = {"pystream-view": 'pystream, `body="view"`',
+                 "pystream-binary": 'pystream, `body="binary"`'}.get(
+                     name, next(iter(sizes.values()))[name]["label"])
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += ["", machine_line(res["machine"], "Measured")]
+    return "\n".join(out) + "\n"
+
+
+def spark_block() -> str:
+    res = load("spark")
+    if not res:
+        return "(no stored results: run `make bench`)\n"
+    readers = res["readers"]
+    base = med((readers.get("parquet") or {}).get("summary"))
+    out = [f"Spark `local[2]`, `count(*), sum(length(body))` over {count(res['messages'])} "
+           f"records of 100 B, medians of {res['repeat']} runs:", "",
+           "| reader | seconds | rows/s | vs Parquet | broker CPU (cores) | load |",
+           "|---|---|---|---|---|---|"]
+    for name, c in readers.items():
+        s = c["summary"]
+        if not s:
+            out.append(f"| {name} | failed ||||| ")
+            continue
+        broker = (f"{s['broker_cpu_share_median']:.2f}"
+                  if "broker_cpu_share_median" in s else "-")
+        ratio = f"{med(s) / base:.2f}" if base else "–"
+        label = {"parquet": "Spark's Parquet reader, the same rows in a local file",
+                 "pystream": "`rabbitmq_stream`, every column",
+                 "pystream-body": '`rabbitmq_stream`, `.schema("body binary")`',
+                 "python-ceiling": "a Python data source with no I/O (prebuilt batches)",
+                 }.get(name, name)
+        out.append(f"| {label} | {s['seconds_median']:.2f} | {rate(med(s))} | {ratio} "
+                   f"| {broker} | {load_range(c['runs'])} |")
+    out += ["", machine_line(res["machine"], "Measured")]
+    return "\n".join(out) + "\n"
+
+
+BLOCKS = {"how-fast": how_fast, "targets": targets_block, "consume": consume_block,
+          "publish": publish_block, "latency": latency_block,
+          "decode": decode_block, "spark": spark_block}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block rewritten from the results."""
+    def block(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in BLOCKS:
+            raise SystemExit(f"README: unknown block bench:{name}")
+        return m.group(1) + BLOCKS[name]() + m.group(4)
+    return MARKER.sub(block, text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="do not write; exit 1 if README.md differs")
+    ap.add_argument("--readme", default=str(README))
+    args = ap.parse_args()
+    path = Path(args.readme)
+    text = path.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print(f"{path}: figures differ from bench/results (run bench/report.py)",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        path.write_text(new)
+        print(f"{path}: rewritten from bench/results")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
