@@ -257,7 +257,7 @@ def test_super_stream(modern, stream_name):
 
 
 def test_super_stream_partition_added_later(modern, stream_name):
-    pika = pytest.importorskip("pika")
+    import pika
     modern.create_super_stream(stream_name, partitions=2)
     new = f"{stream_name}-2"
     try:

@@ -28,8 +28,8 @@ from pystream.uri import parse_uri
 from .conftest import MODERN_URI
 from .test_client import Relay
 
-sdk = pytest.importorskip("opentelemetry.sdk.metrics")
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+import opentelemetry.sdk.metrics as sdk
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 N = 25_000
