@@ -1,10 +1,14 @@
 """What pystream's OpenTelemetry metrics cost: consume and publish
 throughput with and without them.
 
-    .venv/bin/python bench/bench_otel.py --json bench/results/otel.json
+    .venv/bin/python bench/bench_otel.py                        # 5 runs a mode
     .venv/bin/python bench/bench_otel.py --repeat 9 --consume-messages 10000000
+    .venv/bin/python bench/bench_otel.py --rows consume --only absent,sdk --json ''
 
-Three modes, each run in a fresh process against the modern broker:
+What it measures
+----------------
+Three modes (the "clients" of ``--only``), each run in a fresh process
+against the modern broker (``--uri``):
 
 * ``absent``: opentelemetry cannot be imported (as without the
   ``pystream[otel]`` extra): pystream never makes its instruments.
@@ -16,40 +20,54 @@ Three modes, each run in a fresh process against the modern broker:
 
 First, on its own, the time of the one hook per chunk (counters, and with
 the SDK the ``chunk_size`` histogram value) and of one collection of every
-instrument (``hook_costs``; the best of 5 repeats).
+instrument (``hook_costs``; the best of 5 repeats), once per mode.
 
-Consume: ``client.consumer(stream, offset="first")`` with its defaults reads
-``--consume-messages`` 100-byte messages of a stream filled once (as
-bench_consume.py fills ``bench-100b``). Publish: ``producer.send_batch`` of
-``--publish-messages`` 100-byte messages in batches of 10 000 into a fresh
-stream, every confirm awaited. The modes alternate run by run (absent, api,
-sdk, absent, ...) so that the machine's noise (2 cores shared with the
-broker and other work) falls on all of them; figures are medians of
-``--repeat`` runs, and the overhead is the sdk median against the absent
-one.
+Two rows (``--rows``):
+
+* ``consume``: ``client.consumer(stream, offset="first")`` with its defaults
+  reads ``--consume-messages`` 100-byte AMQP messages of ``bench-otel-100b``,
+  filled once by the C publisher (as bench_consume.py fills ``bench-100b``)
+  and deleted at the end;
+* ``publish``: ``producer.send_batch`` of ``--publish-messages`` 100-byte
+  messages in batches of 10 000 into a fresh stream
+  (``bench-otel-publish``, deleted after each run), every confirm awaited.
+
+The clock starts after connecting and stops when the last message is read
+or confirmed; each run records the process's CPU time and the broker's
+over that window and the load average before and after (bench/harness.py).
+The modes take turns within each repetition (absent, api, sdk, absent,
+...) so that the machine's noise falls on all of them; figures are medians
+of ``--repeat`` runs, and the overhead is the sdk median against the
+absent one. Results: bench/results/otel.json, rendered into the README's
+Monitoring section by bench/report.py.
+
+Target: the SDK costs at most 2 % of consume and publish throughput.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
+from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import PROGRESS, make_body, run_child_process, start_watchdog  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+import harness  # noqa: E402
+from harness import PROGRESS, Window, make_body  # noqa: E402
+
 MODES = ("absent", "api", "sdk")
-CONSUME_STREAM = "bench-100b"
+ROWS = ("consume", "publish")
+CONSUME_STREAM = "bench-otel-100b"
 PUBLISH_STREAM = "bench-otel-publish"
 BODY = 100
+PUBLISH_BATCH = 10_000
+HOOK_ENTRIES, HOOK_BYTES = 7700, 800_000    # the chunk the hook is timed with
+
+
+# --- in the child -------------------------------------------------------------------
 
 
 def setup_mode(mode: str, interval: float) -> None:
@@ -77,7 +95,7 @@ def setup_mode(mode: str, interval: float) -> None:
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
-def hook_costs(mode: str) -> dict:
+def hook_costs(mode: str, uri: str) -> dict:
     """The time of the per-chunk hook (``metrics.chunk_received``) and, with
     the SDK, of one collection of every instrument: the cost the throughput
     runs are too noisy to resolve, measured on its own."""
@@ -85,7 +103,7 @@ def hook_costs(mode: str) -> dict:
 
     from pystream import metrics
     from pystream.uri import parse_uri
-    stats = metrics.consumer_stats(parse_uri(DEFAULT_URI), "hooks", None)
+    stats = metrics.consumer_stats(parse_uri(uri), "hooks", None)
     collect_ms = None
     if mode == "sdk":
         from opentelemetry.sdk.metrics import MeterProvider
@@ -96,183 +114,182 @@ def hook_costs(mode: str) -> dict:
         metrics.instruments()
     n = 20_000
     per_chunk = min(timeit.repeat(
-        lambda: metrics.chunk_received(stats, 7700, 800_000, 50_000),
+        lambda: metrics.chunk_received(stats, HOOK_ENTRIES, HOOK_BYTES, 50_000),
         number=n, repeat=5)) / n
     if mode == "sdk":
         collect_ms = min(timeit.repeat(reader.get_metrics_data, number=20,
                                        repeat=5)) / 20 * 1e3
-    return {"chunk_hook_us": per_chunk * 1e6, "collect_ms": collect_ms}
+    return {"chunk_hook_us": per_chunk * 1e6, "collect_ms": collect_ms,
+            "chunk_entries": HOOK_ENTRIES}
 
 
-def child(args: argparse.Namespace) -> dict:
-    setup_mode(args.mode, args.interval)
-    if args.child == "hooks":
-        return hook_costs(args.mode)
+def consume(client, stream: str, target: int, clock: Window) -> dict:
+    n = chunks = 0
+    clock.start()
+    with client.consumer(stream, offset="first") as consumer:
+        for batch in consumer:
+            n += batch.num_rows
+            chunks += 1
+            PROGRESS[0] = n
+            if consumer.position >= target:
+                break
+        out = clock.stop(target, records_received=n, batches=chunks)
+    if n < target:
+        raise SystemExit(f"read {n} of {target}")
+    return out
+
+
+def publish(client, stream: str, target: int, clock: Window) -> dict:
+    import pyarrow as pa
+    batch = pa.array([make_body(BODY)] * PUBLISH_BATCH, pa.binary())
+    clock.start()
+    with client.producer(stream) as producer:
+        for start in range(0, target, PUBLISH_BATCH):
+            producer.send_batch(batch)
+            PROGRESS[0] = start + PUBLISH_BATCH
+        producer.flush(300)
+        out = clock.stop(-(-target // PUBLISH_BATCH) * PUBLISH_BATCH,
+                         batch=PUBLISH_BATCH)
+    return out
+
+
+def child_main(args) -> None:
+    mode = args.child
+    setup_mode(mode, args.interval)
+    if args.kind == "hooks":
+        harness.child_done(hook_costs(mode, args.uri))
     import pystream
-    start_watchdog(30)
+    harness.start_watchdog(args.stall)
+    clock = Window()
     with pystream.connect(args.uri) as client:
-        if args.child == "consume":
-            n = 0
-            t0, c0 = time.perf_counter(), time.process_time()
-            with client.consumer(CONSUME_STREAM, offset="first") as consumer:
-                for batch in consumer:
-                    n += batch.num_rows
-                    PROGRESS[0] = n
-                    if consumer.position >= args.messages:
-                        break
-            t1, c1 = time.perf_counter(), time.process_time()
-        else:
-            import pyarrow as pa
-            body = make_body(BODY)
-            batch = pa.array([body] * 10_000, pa.binary())
-            n = args.messages
-            t0, c0 = time.perf_counter(), time.process_time()
-            with client.producer(PUBLISH_STREAM) as producer:
-                for start in range(0, n, 10_000):
-                    producer.send_batch(batch)
-                    PROGRESS[0] = start
-                producer.flush(300)
-            t1, c1 = time.perf_counter(), time.process_time()
-        instrumented = pystream.metrics.instruments() is not None
-    return {"messages": min(n, args.messages), "seconds": t1 - t0,
-            "cpu": c1 - c0, "instrumented": instrumented}
+        run = consume if args.kind == "consume" else publish
+        out = run(client, args.stream, args.target, clock)
+        out["instrumented"] = pystream.metrics.instruments() is not None
+    harness.child_done(out)
 
 
-def run(args: argparse.Namespace, kind: str, mode: str, messages: int) -> dict:
-    cmd = [sys.executable, __file__, "--uri", args.uri, "--child", kind,
-           "--mode", mode, "--messages", str(messages),
-           "--interval", str(args.interval)]
-    return run_child_process(cmd, timeout=600)
+# --- the parent -----------------------------------------------------------------------
 
 
-def fresh_publish_stream(uri: str) -> None:
-    import pystream
-    with pystream.connect(uri) as client:
-        client.delete_stream(PUBLISH_STREAM, missing_ok=True)
-        client.create_stream(PUBLISH_STREAM, max_length_bytes=2_000_000_000)
+def child_cmd(args, mode: str, kind: str, stream: str = "", target: int = 0) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+            "--child", mode, "--kind", kind, "--stream", stream,
+            "--target", str(target), "--interval", str(args.interval),
+            "--stall", str(args.stall)]
 
 
-def versions(uri: str) -> dict:
-    from importlib import metadata
+def one_run(args, kind: str, mode: str, target: int) -> dict:
+    if kind == "consume":
+        return harness.run_child(child_cmd(args, mode, kind, CONSUME_STREAM, target),
+                                 args.timeout, args.uri)
+    harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
+    harness.admin(args.uri, lambda a: a.create_stream(
+        PUBLISH_STREAM, max_length_bytes=2_000_000_000))
+    try:
+        return harness.run_child(child_cmd(args, mode, kind, PUBLISH_STREAM, target),
+                                 args.timeout, args.uri)
+    finally:
+        harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM,
+                                                          missing_ok=True))
 
-    import pystream
-    out = {"python": platform.python_version()}
-    for name in ("pyarrow", "numpy", "opentelemetry-api", "opentelemetry-sdk"):
+
+def otel_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in ("opentelemetry-api", "opentelemetry-sdk"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
-    with pystream.connect(uri) as client:
-        out["broker"] = client.server_properties.get("version")
     return out
 
 
-def machine() -> dict:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cores": os.cpu_count(),
-            "cpu": model, "shared": "the brokers and other work run on the "
-            "same cores: figures move by several percent from run to run"}
-
-
-def commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+def vs_absent(row: dict, mode: str) -> dict:
+    """sdk (or api) against absent, as fractions: the medians' msg/s and CPU
+    per message, and the median of the repetitions' paired msg/s ratios."""
+    a = row["clients"].get("absent", {}).get("summary")
+    m = row["clients"].get(mode, {}).get("summary")
+    if not (a and m):
+        return {}
+    pairs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
+             for x, y in zip(row["clients"][mode]["runs"], row["clients"]["absent"]["runs"])
+             if "error" not in x and "error" not in y]
+    return {"msg_per_s": m["msg_per_s_median"] / a["msg_per_s_median"] - 1,
+            "msg_per_s_paired": statistics.median(pairs) - 1 if pairs else None,
+            "cpu_s_per_m": m["cpu_s_per_m_median"] / a["cpu_s_per_m_median"] - 1}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--uri", default=os.environ.get("PYSTREAM_TEST_URI", DEFAULT_URI))
+    ap = harness.parser(__doc__, clients=MODES, result="otel")
+    ap.add_argument("--rows", default=",".join(ROWS), help="consume, publish")
     ap.add_argument("--consume-messages", type=int, default=5_000_000)
     ap.add_argument("--publish-messages", type=int, default=1_000_000)
-    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the periodic reader's interval in sdk mode (s)")
-    ap.add_argument("--only", default="consume,publish")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", help=argparse.SUPPRESS)
-    ap.add_argument("--messages", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--kind", help=harness.argparse.SUPPRESS)
+    ap.add_argument("--stream", help=harness.argparse.SUPPRESS)
+    ap.add_argument("--target", type=int, default=0, help=harness.argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args)), flush=True)
+        child_main(args)
         return
 
-    kinds = [k for k in args.only.split(",") if k]
-    hooks = {mode: run(args, "hooks", mode, 0) for mode in MODES}
-    for mode, cost in hooks.items():
-        print(f"hooks {mode:7} {cost}", flush=True)
-    if "consume" in kinds:
-        from bench_consume import prefill
-        prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
-    started = dt.datetime.now(dt.timezone.utc)
-    load = [os.getloadavg()[0]]
-    runs: dict[str, dict[str, list[dict]]] = {k: {m: [] for m in MODES} for k in kinds}
-    for i in range(args.repeat):
-        for kind in kinds:
-            for mode in MODES:
-                if kind == "publish":
-                    fresh_publish_stream(args.uri)
-                messages = (args.consume_messages if kind == "consume"
-                            else args.publish_messages)
-                result = run(args, kind, mode, messages)
-                runs[kind][mode].append(result)
-                rate = (f"{result['messages'] / result['seconds'] / 1e3:,.0f} k msg/s"
-                        if "error" not in result else result["error"])
-                print(f"run {i + 1}/{args.repeat} {kind:8} {mode:7} {rate}",
-                      flush=True)
-        load.append(os.getloadavg()[0])
-    if "publish" in kinds:
-        import pystream
-        with pystream.connect(args.uri) as client:
-            client.delete_stream(PUBLISH_STREAM, missing_ok=True)
+    modes = harness.chosen(ap, args)
+    kinds = [k.strip() for k in args.rows.split(",") if k.strip()]
+    if set(kinds) - set(ROWS):
+        ap.error(f"--rows takes {', '.join(ROWS)}")
+    targets = {"consume": args.consume_messages, "publish": args.publish_messages}
+    info = harness.machine(args.uri)
+    info["versions"] = {**info["versions"], **otel_versions()}
+    harness.banner(info, "otel")
 
-    summary: dict[str, dict] = {}
-    for kind in kinds:
-        summary[kind] = {}
-        for mode in MODES:
-            good = [r for r in runs[kind][mode] if "error" not in r]
-            rates = [r["messages"] / r["seconds"] for r in good]
-            summary[kind][mode] = {
-                "runs": len(good), "msg_per_s_median": statistics.median(rates)
-                if rates else None, "msg_per_s_all": rates,
-                "cpu_s_per_m_msg_median": statistics.median(
-                    r["cpu"] / r["messages"] * 1e6 for r in good) if good else None,
-                "instrumented": sorted({r["instrumented"] for r in good})}
-        base = summary[kind]["absent"]["msg_per_s_median"]
-        for mode in ("api", "sdk"):
-            m = summary[kind][mode]["msg_per_s_median"]
-            summary[kind][mode]["change_vs_absent_pct"] = (
-                None if not (base and m) else round((m / base - 1) * 100, 2))
-    print()
-    print(f"{'':10}" + "".join(f"{m:>16}" for m in MODES) + f"{'sdk vs absent':>16}")
-    for kind in kinds:
-        row = summary[kind]
-        cells = "".join(f"{(row[m]['msg_per_s_median'] or 0) / 1e3:>12,.0f} k/s"
-                        for m in MODES)
-        print(f"{kind:10}{cells}{row['sdk']['change_vs_absent_pct']:>15}%")
-    if args.json:
-        out = {"benchmark": "bench/bench_otel.py", "date": started.isoformat(),
-               "commit": commit(), "versions": versions(args.uri),
-               "machine": machine(), "load_average_1m": load,
-               "settings": {"consume_messages": args.consume_messages,
-                            "publish_messages": args.publish_messages,
-                            "body_bytes": BODY, "repeat": args.repeat,
-                            "sdk_export_interval_s": args.interval},
-               "hook_costs": hooks, "summary": summary, "runs": runs}
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"written to {args.json}")
+    hooks = {}
+    for mode in modes:
+        hooks[mode] = harness.run_child(child_cmd(args, mode, "hooks"),
+                                        args.timeout, args.uri)
+        print(f"hooks {mode:<7} {hooks[mode]}", flush=True)
+
+    cases = [(k, m) for k in kinds for m in modes]
+    try:
+        if "consume" in kinds:
+            from bench_consume import prefill
+            prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
+        runs = harness.interleave(
+            args.repeat, cases, lambda case: one_run(args, case[0], case[1],
+                                                     targets[case[0]]),
+            label=lambda case: f"{case[0]} {case[1]}")
+    finally:
+        harness.admin(args.uri, lambda a: a.delete_stream(CONSUME_STREAM,
+                                                          missing_ok=True))
+
+    out_rows = {}
+    for k in kinds:
+        clients = {}
+        for i, (rk, mode) in enumerate(cases):
+            if rk == k:
+                clients[mode] = {"label": mode,
+                                 "summary": harness.summarize(runs[i], BODY),
+                                 "runs": runs[i]}
+        row = {"messages": targets[k], "body_size": BODY, "clients": clients}
+        if k == "consume":
+            per_chunk = [r["records_received"] / r["batches"]
+                         for c in clients.values() for r in c["runs"]
+                         if "error" not in r and r.get("batches")]
+            row["records_per_chunk_median"] = (statistics.median(per_chunk)
+                                               if per_chunk else None)
+        row["vs_absent"] = {m: vs_absent(row, m) for m in modes if m != "absent"}
+        out_rows[k] = row
+
+    print(f"\n{'':10}" + "".join(f"{m:>12}" for m in modes) + f"{'sdk vs absent':>16}")
+    for k, row in out_rows.items():
+        cells = "".join(
+            f"{harness.fmt_rate(s['msg_per_s_median']) if s else 'failed':>10}/s"
+            for s in (row["clients"][m]["summary"] for m in modes))
+        change = row["vs_absent"].get("sdk", {}).get("msg_per_s")
+        print(f"{k:10}{cells}{'' if change is None else f'{change:+.1%}':>16}")
+    harness.write_results(args.json, info, {
+        "benchmark": "otel", "repeat": args.repeat,
+        "sdk_export_interval_s": args.interval, "hook_costs": hooks,
+        "rows": out_rows})
 
 
 if __name__ == "__main__":

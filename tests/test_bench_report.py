@@ -23,7 +23,7 @@ def test_readme_figures_are_rendered_from_the_stored_results():
     text = (ROOT / "README.md").read_text()
     blocks = [m.group("name") for m in report.MARKER.finditer(text)]
     assert {"how-fast", "targets", "consume", "publish", "latency",
-            "decode"} <= set(blocks)
+            "decode", "otel"} <= set(blocks)
     rendered = report.render(text)
     for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered)):
         assert old.group(0) == new.group(0), (
@@ -34,8 +34,51 @@ def test_readme_figures_are_rendered_from_the_stored_results():
 
 def test_every_rendered_block_has_figures_and_the_machine():
     report = load_report()
-    for name in ("consume", "publish", "latency", "decode"):
+    for name in ("consume", "publish", "latency", "decode", "otel"):
         block = report.BLOCKS[name]()
         assert "no stored results" not in block, name
         assert re.search(r"commit `[0-9a-f]{10}`", block), name
         assert "load average" in block, name
+
+
+def test_the_metrics_cost_is_rendered_from_the_harness_results():
+    """The Monitoring section's overhead figures come from
+    bench/results/otel.json as bench/harness.py writes it, and the 2 %
+    target is claimed only when the runs can resolve it."""
+    report = load_report()
+    res = report.load("otel")
+    assert res is not None
+    for key in ("date", "commit", "versions", "broker", "cores", "cpu_model",
+                "loadavg_start", "loadavg_end"):
+        assert key in res["machine"], key
+    assert res["machine"]["versions"].get("opentelemetry-sdk")
+    assert set(res["hook_costs"]) == {"absent", "api", "sdk"}
+    for row in res["rows"].values():
+        assert set(row["clients"]) == {"absent", "api", "sdk"}
+        for c in row["clients"].values():
+            assert all("load" in r for r in c["runs"])
+    block = report.otel_block()
+    assert "| median of" in block and "load average" in block
+    spreads = [report.spread(c["summary"]) for row in res["rows"].values()
+               for c in row["clients"].values()]
+    if any(x is None or x > report.OTEL_TARGET for x in spreads):
+        assert "**not shown** on this shared, noisy machine" in block
+    text = (ROOT / "README.md").read_text()
+    monitoring = text[text.index("## Monitoring"):]
+    monitoring = monitoring[:monitoring.index("\n## ", 1)]
+    outside = report.MARKER.sub("", monitoring)
+    assert "<!-- bench:otel -->" in monitoring
+    assert not re.search(r"\d %|msg/s|µs", outside), (
+        "a metrics-cost figure typed by hand outside the bench:otel block")
+
+
+def test_bench_otel_uses_the_harness():
+    """bench_otel.py parses, runs children and summarizes through
+    bench/harness.py, like every other benchmark."""
+    source = (ROOT / "bench" / "bench_otel.py").read_text()
+    for call in ("harness.parser(", "harness.chosen(", "harness.run_child(",
+                 "harness.interleave(", "harness.summarize(", "harness.write_results(",
+                 "harness.child_done("):
+        assert call in source, call
+    assert "argparse.ArgumentParser(" not in source
+    assert "subprocess" not in source
