@@ -49,7 +49,9 @@ setup(
         "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
                  "pika", "jinja2", "pyyaml", "atheris",
                  # compresses the golden captures' snappy, lz4 and zstd sub-batches
-                 "cramjam"],
+                 "cramjam",
+                 # read streams through the Arrow PyCapsule interface
+                 "duckdb", "polars"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
     },

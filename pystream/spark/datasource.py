@@ -43,7 +43,9 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSource, DataSourceReader,
-                                    DataSourceStreamReader, InputPartition)
+                                    DataSourceStreamReader,
+                                    DataSourceStreamWriter, DataSourceWriter,
+                                    InputPartition)
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
                                               ReadMaxRows,
@@ -52,6 +54,8 @@ from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
+from .sink import BatchWriter, SinkConfig, StreamWriter
+from .options import bool_option, broker_ref, int_option, normalize
 from .ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
                      client_for, read_range, resolve, split_ranges,
                      start_offset, stream_bounds)
@@ -89,17 +93,8 @@ class _Config:
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool) -> _Config:
-        opts = {str(k).lower(): str(v) for k, v in dict(options).items()}
-        if "password" in opts:
-            raise ValueError("the 'password' option would travel with the plan "
-                             "to every executor: use passwordEnv or passwordFile")
-        broker = BrokerRef(opts.get("uri", "rabbitmq-stream://localhost:5552/"),
-                           opts.get("passwordenv", "PYSTREAM_PASSWORD"),
-                           opts.get("passwordfile"),
-                           ca_file=opts.get("tlscafile"),
-                           cert_file=opts.get("tlscertfile"),
-                           key_file=opts.get("tlskeyfile"),
-                           sasl_mechanism=opts.get("saslmechanism", "PLAIN").upper())
+        opts = normalize(options)
+        broker = broker_ref(opts)
         named = [k for k in ("stream", "streams", "superstream") if k in opts]
         if len(named) != 1:
             raise ValueError("name exactly one of the options stream, streams "
@@ -113,7 +108,7 @@ class _Config:
                                   "latest" if streaming else "earliest",
                                   "startingOffsets")
         if "startingtimestamp" in opts:
-            millis = _int_option(opts, "startingtimestamp", 0)
+            millis = int_option(opts, "startingtimestamp", 0)
             starting = dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
         if streaming and "endingoffsets" in opts:
             raise ValueError("endingOffsets is for batch reads; a streaming "
@@ -129,12 +124,12 @@ class _Config:
             super_stream=opts.get("superstream"),
             starting=starting,
             ending=_bounds_option(opts.get("endingoffsets"), "latest", "endingOffsets"),
-            min_partitions=_int_option(opts, "minpartitions", 1),
-            max_records_per_partition=_int_option(opts, "maxrecordsperpartition", 1),
-            max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", 1),
-            fail_on_data_loss=_bool_option(opts, "failondataloss", True),
+            min_partitions=int_option(opts, "minpartitions", 1),
+            max_records_per_partition=int_option(opts, "maxrecordsperpartition", 1),
+            max_offsets_per_trigger=int_option(opts, "maxoffsetspertrigger", 1),
+            fail_on_data_loss=bool_option(opts, "failondataloss", True),
             columns=columns,
-            amqp=_bool_option(opts, "amqp", True),
+            amqp=bool_option(opts, "amqp", True),
             read_timeout=float(opts.get("readtimeout", 60)),
             consumer_name=opts.get("consumername"),
         )
@@ -170,25 +165,6 @@ class _Config:
             columns.update(zip(batch.schema.names, batch.columns))
             yield pa.RecordBatch.from_arrays([columns[f.name] for f in schema],
                                              schema=schema)
-
-
-def _int_option(opts: dict, key: str, minimum: int) -> int | None:
-    if key not in opts:
-        return None
-    try:
-        value = int(opts[key])
-    except ValueError:
-        raise ValueError(f"option {key} must be an integer, not {opts[key]!r}") from None
-    if value < minimum:
-        raise ValueError(f"option {key} must be >= {minimum}, not {value}")
-    return value
-
-
-def _bool_option(opts: dict, key: str, default: bool) -> bool:
-    value = opts.get(key, str(default)).strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(f"option {key} must be true or false, not {value!r}")
-    return value == "true"
 
 
 def _bounds_option(text: str | None, default: str, key: str) -> Any:
@@ -248,6 +224,12 @@ class RabbitMQStreamDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return _StreamReader(_Config.parse(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(SinkConfig.parse(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return StreamWriter(SinkConfig.parse(self.options, schema, overwrite))
 
 
 class _BatchReader(DataSourceReader):
