@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from . import protocol as P
 from ._core import Chunk, schema
+from .arrow import consumer_stream
 from .credit import Credit, CreditController, subscribe_credit
 from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
                      ConnectionLost, NoOffset, StreamDoesNotExist, StreamError,
@@ -373,6 +374,11 @@ class Consumer:
             if batch is None:
                 return
             yield batch
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """The batches until a second passes without one, as an Arrow C
+        stream: ``duckdb.sql("SELECT ... FROM consumer")``."""
+        return consumer_stream(self).__arrow_c_stream__(requested_schema)
 
     def read(self, max_rows: int, timeout: float | None = None) -> pa.Table:
         """Up to ``max_rows`` records, waiting at most ``timeout`` seconds for

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import pyarrow as pa
 
+from .._core import schema as core_schema
+from ..arrow import ArrowStream
 from ..client import Client
 from ..errors import CertificateVerificationError, DataLoss, RequestTimeout
 from ..tls import check_tls_settings, tls_options
@@ -220,15 +222,27 @@ def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> 
 def read_range(broker: Broker, stream: str, start: int, end: int, *,
                timeout: float = 60.0, fail_on_data_loss: bool = False,
                connection_options: dict | None = None,
-               **consumer_options: Any) -> Iterator[pa.RecordBatch]:
+               **consumer_options: Any) -> ArrowStream:
     """The records of ``stream`` from ``start`` up to ``end`` (exclusive) as
-    Arrow batches, trimmed at both ends. ``broker`` is a URI or a
+    Arrow batches, trimmed at both ends, in an ``ArrowStream`` (iterate it,
+    or hand it to DuckDB or Polars). ``broker`` is a URI or a
     ``BrokerRef``; ``consumer_options`` are those of ``Client.consumer``.
 
     ``DataLoss`` if ``fail_on_data_loss`` and retention removed records from
     the range's start (otherwise the read starts at the stream's first
     record); ``RequestTimeout`` if no record comes for ``timeout`` seconds
     before ``end`` is reached."""
+    return ArrowStream(
+        core_schema(columns=consumer_options.get("columns"),
+                    body=consumer_options.get("body", "view"),
+                    error_policy=consumer_options.get("error_policy", "raise")),
+        _read_range(broker, stream, start, end, timeout, fail_on_data_loss,
+                    connection_options, consumer_options))
+
+
+def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: float,
+                fail_on_data_loss: bool, connection_options: dict | None,
+                consumer_options: dict) -> Iterator[pa.RecordBatch]:
     if end <= start:
         return
     client = client_for(broker, connection_options)
