@@ -27,6 +27,7 @@ import pyarrow as pa
 from .._core import schema as core_schema
 from ..arrow import ArrowStream
 from ..client import Client
+from ..credit import Credit
 from ..errors import CertificateVerificationError, DataLoss, RequestTimeout
 from ..tls import check_tls_settings, tls_options
 from ..uri import BrokerAddress, parse_uri
@@ -39,6 +40,7 @@ PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
 MIN_RANGE = 100_000
+DEFAULT_OUTSTANDING = Credit.adaptive().max_outstanding
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,10 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
         if first is not None and first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
                            f"were removed by retention before they were read")
+    # A chunk holds a record at least: more credit than records would
+    # fetch chunks past the end (a small range would pull 64 of them).
+    consumer_options.setdefault("credit", Credit.adaptive(
+        max_outstanding=min(DEFAULT_OUTSTANDING, end - start)))
     with client.consumer(stream, offset=start, **consumer_options) as consumer:
         idle = 0.0
         # The position also moves past chunks without records (offset
