@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -55,12 +55,14 @@ from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
-from .options import bool_option, broker_ref, int_option, normalize
+from ..consumer import Filter as StreamFilter
+from .options import bool_option, broker_ref, int_option, normalize, source_filter
 from .pushdown import Pushed
 from .ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
                      client_for, read_range, resolve, split_ranges,
                      start_offset, stream_bounds)
 from .sink import BatchWriter, SinkConfig, StreamWriter
+from .triggers import TriggerLimits, share
 
 OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
 #: Spark's Kafka source writes these for earliest and latest in JSON offsets.
@@ -86,7 +88,8 @@ class _Config:
     ending: Any
     min_partitions: int | None
     max_records_per_partition: int | None
-    max_offsets_per_trigger: int | None
+    triggers: TriggerLimits
+    filter: StreamFilter | None
     fail_on_data_loss: bool
     columns: tuple[str, ...]
     amqp: bool
@@ -128,7 +131,8 @@ class _Config:
             ending=_bounds_option(opts.get("endingoffsets"), "latest", "endingOffsets"),
             min_partitions=int_option(opts, "minpartitions", 1),
             max_records_per_partition=int_option(opts, "maxrecordsperpartition", 1),
-            max_offsets_per_trigger=int_option(opts, "maxoffsetspertrigger", 1),
+            triggers=TriggerLimits.parse(opts),
+            filter=source_filter(opts),
             fail_on_data_loss=bool_option(opts, "failondataloss", True),
             columns=columns,
             amqp=bool_option(opts, "amqp", True),
@@ -150,6 +154,17 @@ class _Config:
                              self.max_records_per_partition, MIN_RANGE)
         return [InputPartition(p) for p in parts]
 
+    def _read_columns(self) -> list[str] | None:
+        """The columns to decode: the post-filter needs application
+        properties, whether or not they are selected."""
+        wanted = set(self.columns)
+        if self.filter is not None and self.filter.post_filter is not None:
+            wanted.add("application_properties")
+        return [c for c in OPTIONAL_COLUMNS if c in wanted] or None
+
+    def _filter(self) -> dict[str, StreamFilter]:
+        return {} if self.filter is None else {"filter": self.filter}
+
     def read(self, partition: InputPartition,
              schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """One range as batches of ``schema`` (a selection of the columns).
@@ -162,7 +177,7 @@ class _Config:
                                 timeout=self.read_timeout,
                                 fail_on_data_loss=self.fail_on_data_loss,
                                 body="binary", amqp=self.amqp,
-                                columns=list(self.columns) or None):
+                                columns=self._read_columns(), **self._filter()):
             columns = {"stream": pa.repeat(name, batch.num_rows)}
             columns.update(zip(batch.schema.names, batch.columns))
             yield pa.RecordBatch.from_arrays([columns[f.name] for f in schema],
@@ -302,13 +317,14 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.output = _output_schema(schema, config)
         self.target: dict[str, int] | None = None  # Trigger.AvailableNow
         self.latest: dict[str, int] | None = None
+        self.last_batch = time.monotonic()  # minOffsetsPerTrigger's delay
 
     def initialOffset(self) -> dict:
         return {s: _initial(bound_for(self.config.starting, s, "earliest"))
                 for s in self.config.current_streams()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.config.max_offsets_per_trigger
+        limit = self.config.triggers.max_offsets
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -342,7 +358,12 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts[stream], ends[stream] = lo, max(lo, hi)
         self.latest = ends
         if isinstance(limit, ReadMaxRows):
-            ends = _admit(starts, ends, limit.max_rows)
+            ends = share(starts, ends, limit.max_rows)
+        ends = config.triggers.admit(client, starts, ends,
+                                     time.monotonic() - self.last_batch,
+                                     available_now=self.target is not None)
+        if ends != starts:
+            self.last_batch = time.monotonic()
         return ends
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -373,18 +394,3 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for stream, offset in end.items():
             if isinstance(offset, int) and offset > 0:
                 client.store_offset(stream, name, offset - 1)
-
-
-def _admit(starts: dict[str, int], ends: dict[str, int], budget: int) -> dict[str, int]:
-    """Cut each stream's waiting offsets so the total is at most ``budget``,
-    in proportion to what each has waiting (at least one offset for the
-    stream with the most, so a batch always makes progress)."""
-    waiting = {s: ends[s] - starts[s] for s in ends}
-    total = sum(waiting.values())
-    if total <= budget:
-        return ends
-    admitted = {s: starts[s] + math.floor(budget * n / total) for s, n in waiting.items()}
-    if admitted == starts:
-        busiest = max(waiting, key=waiting.__getitem__)
-        admitted[busiest] += 1
-    return admitted

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..consumer import Filter
 from .ranges import BrokerRef
 
 #: The JVM connector's spelling -> ours (lower case, as options are compared).
@@ -59,3 +63,37 @@ def bool_option(opts: dict, key: str, default: bool) -> bool:
     if value not in ("true", "false"):
         raise ValueError(f"option {key} must be true or false, not {value!r}")
     return value == "true"
+
+
+class PropertyIn:
+    """The client post-filter of ``filterProperty``: rows whose application
+    property is one of ``values`` (or, with ``match_unfiltered``, missing)."""
+
+    def __init__(self, name: str, values: tuple[str, ...], match_unfiltered: bool) -> None:
+        self.name, self.values, self.match_unfiltered = name, values, match_unfiltered
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.Array:
+        found = pc.map_lookup(batch.column("application_properties"),
+                              pa.scalar(self.name), "first")
+        keep = pc.is_in(found, pa.array(self.values, pa.string()))
+        if self.match_unfiltered:
+            keep = pc.or_kleene(keep, pc.is_null(found))
+        return pc.fill_null(keep, False)
+
+
+def source_filter(opts: dict[str, str]) -> Filter | None:
+    """The broker-side filter of ``filterValues`` (comma-separated),
+    ``filterMatchUnfiltered`` and the post-filter of ``filterProperty``."""
+    keys = ("filtervalues", "filtermatchunfiltered", "filterproperty")
+    if "filtervalues" not in opts:
+        if any(k in opts for k in keys):
+            raise ValueError("filterMatchUnfiltered and filterProperty refine "
+                             "filterValues: give it too")
+        return None
+    values = tuple(v.strip() for v in opts["filtervalues"].split(",") if v.strip())
+    if not values:
+        raise ValueError("option filterValues names no value")
+    unfiltered = bool_option(opts, "filtermatchunfiltered", False)
+    prop = opts.get("filterproperty")
+    return Filter(values, unfiltered,
+                  PropertyIn(prop, values, unfiltered) if prop else None)
