@@ -33,8 +33,8 @@ def spark():
 
 
 def test_jvm_spellings():
-    assert normalize({"maxRecordsPerTrigger": "5", "superStreams": "s"}) == {
-        "maxoffsetspertrigger": "5", "superstream": "s"}
+    assert normalize({"maxRecordsPerTrigger": "5", "subEntrySize": "9"}) == {
+        "maxoffsetspertrigger": "5", "subbatchsize": "9"}
     with pytest.raises(ValueError, match="another spelling"):
         normalize({"maxRecordsPerTrigger": "5", "maxOffsetsPerTrigger": "6"})
     assert duration("15m", 0) == 900 and duration("500ms", 0) == 0.5

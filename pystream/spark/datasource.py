@@ -1,5 +1,6 @@
 """The PySpark data source ``rabbitmq_stream`` (PySpark 4.2+), batch and
-streaming, over the ranges of ``ranges.py``.
+streaming, over the ranges of ``ranges.py``; its sink is ``sink.py``, the
+filters it takes ``pushdown.py``.
 
 The driver resolves every start and end to concrete offsets before a task
 runs, so each task reads a fixed range and a retried task reads the same
@@ -22,8 +23,11 @@ Options (case-insensitive), all strings as Spark passes them:
 - ``endingOffsets`` (batch): ``latest`` or JSON as above.
 - ``minPartitions``, ``maxRecordsPerPartition``: how ranges are split
   (``minPartitions`` makes no range smaller than ``MIN_RANGE`` offsets).
-- ``maxOffsetsPerTrigger`` (streaming): offsets per micro-batch over all
-  streams, shared in proportion to what each has waiting.
+- ``maxOffsetsPerTrigger`` (or ``maxRecordsPerTrigger``),
+  ``maxBytesPerTrigger``, ``minOffsetsPerTrigger`` with ``maxTriggerDelay``
+  (streaming): see ``triggers.py``.
+- ``filterValues``, ``filterMatchUnfiltered``, ``filterProperty``: broker
+  filtering and its client post-filter (``options.source_filter``).
 - ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
   removed records a read needed, instead of skipping them.
 - ``columns``: optional columns, comma-separated (``properties``,

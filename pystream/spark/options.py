@@ -15,7 +15,8 @@ from .ranges import BrokerRef
 #: The JVM connector's spelling -> ours (lower case, as options are compared).
 ALIASES = {
     "maxrecordspertrigger": "maxoffsetspertrigger",
-    "superstreams": "superstream",
+    # the Java stream client's name for sub-entry batching
+    "subentrysize": "subbatchsize",
 }
 
 
