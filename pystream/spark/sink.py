@@ -269,7 +269,10 @@ def _write(config: SinkConfig, batches: Iterator[pa.RecordBatch],
                 task.publish(batch)
     except BaseException:
         for p in task.producers.values():
-            p.close(timeout=5.0)
+            try:
+                p.close(timeout=5.0)
+            except Exception:
+                pass  # the first error is the one to report
         raise
     return task.finish()
 
