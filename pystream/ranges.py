@@ -25,7 +25,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import pyarrow as pa
 
+from ._core import schema as core_schema
+from .arrow import ArrowStream
 from .client import Client
+from .credit import Credit
 from .errors import CertificateVerificationError, DataLoss, RequestTimeout
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
@@ -35,10 +38,12 @@ Bound = Union[str, int, dt.datetime]
 
 POLL = 0.2  # seconds between looks at the position while no records come
 FIRST_CHUNK_WAIT = 2.0  # seconds without a first chunk that prove none is due
+FILTERED_IDLE = 2.0  # seconds of silence that end a filtered range
 PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
 MIN_RANGE = 100_000
+DEFAULT_OUTSTANDING = Credit.adaptive().max_outstanding
 
 
 @dataclass(frozen=True)
@@ -240,15 +245,27 @@ def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> 
 def read_range(broker: Broker, stream: str, start: int, end: int, *,
                timeout: float = 60.0, fail_on_data_loss: bool = False,
                connection_options: dict | None = None,
-               **consumer_options: Any) -> Iterator[pa.RecordBatch]:
+               **consumer_options: Any) -> ArrowStream:
     """The records of ``stream`` from ``start`` up to ``end`` (exclusive) as
-    Arrow batches, trimmed at both ends. ``broker`` is a URI or a
+    Arrow batches, trimmed at both ends, in an ``ArrowStream`` (iterate it,
+    or hand it to DuckDB or Polars). ``broker`` is a URI or a
     ``BrokerRef``; ``consumer_options`` are those of ``Client.consumer``.
 
     ``DataLoss`` if ``fail_on_data_loss`` and retention removed records from
     the range's start (otherwise the read starts at the stream's first
     record); ``RequestTimeout`` if no record comes for ``timeout`` seconds
     before ``end`` is reached."""
+    return ArrowStream(
+        core_schema(columns=consumer_options.get("columns"),
+                    body=consumer_options.get("body", "view"),
+                    error_policy=consumer_options.get("error_policy", "raise")),
+        _read_range(broker, stream, start, end, timeout, fail_on_data_loss,
+                    connection_options, consumer_options))
+
+
+def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: float,
+                fail_on_data_loss: bool, connection_options: dict | None,
+                consumer_options: dict) -> Iterator[pa.RecordBatch]:
     if end <= start:
         return
     client = client_for(broker, connection_options)
@@ -257,6 +274,10 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
         if first is not None and first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
                            f"were removed by retention before they were read")
+    # A chunk holds a record at least: more credit than records would
+    # fetch chunks past the end (a small range would pull 64 of them).
+    consumer_options.setdefault("credit", Credit.adaptive(
+        max_outstanding=min(DEFAULT_OUTSTANDING, end - start)))
     with client.consumer(stream, offset=start, **consumer_options) as consumer:
         idle = 0.0
         # The position also moves past chunks without records (offset
@@ -265,7 +286,12 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
             batch = next(iter(consumer.batches(POLL)), None)
             if batch is None:
                 idle += POLL
-                if _past_last_user_chunk(client, stream, start, consumer.position, idle):
+                # The broker skips the chunks a filter rules out, and every
+                # chunk of a range was committed when it was planned: a
+                # filtered read that hears nothing is done.
+                if ("filter" in consumer_options and idle >= FILTERED_IDLE
+                        or _past_last_user_chunk(client, stream, start,
+                                                 consumer.position, idle)):
                     return
                 if idle >= timeout:
                     raise RequestTimeout(

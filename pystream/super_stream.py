@@ -51,9 +51,7 @@ class SuperStreamProducer:
         """The partition index of each message of ``batch``."""
         if self.route is not None:
             return np.asarray(self.route(batch), dtype=np.int64)
-        keys = self._keys(batch)
-        hashes = murmur3_32(keys).astype(np.int64) & 0x7FFFFFFF
-        return hashes % len(self.partitions)
+        return hash_route(self._keys(batch), len(self.partitions))
 
     def _keys(self, batch: pa.RecordBatch) -> Any:
         key = self.routing_key
@@ -105,3 +103,10 @@ def _all_of(futures: list[Future]) -> Future:
     for f in futures:
         f.add_done_callback(one_done)
     return combined
+
+
+def hash_route(keys: Any, partitions: int) -> np.ndarray:
+    """The partition index of each key (strings), as the Java and Go clients
+    route: ``(murmur3_32(utf8(key), seed 104729) & 0x7FFFFFFF) % partitions``."""
+    hashes = murmur3_32(keys).astype(np.int64) & 0x7FFFFFFF
+    return hashes % partitions

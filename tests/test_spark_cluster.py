@@ -29,6 +29,7 @@ import pystream
 from pystream.uri import parse_uri
 
 from .conftest import MODERN_URI
+from .test_spark_sink import killed_write_publishes_every_row_once
 
 pytestmark = pytest.mark.broker
 
@@ -230,3 +231,18 @@ def test_read_in_parallel_on_a_standalone_cluster(big_stream, cluster, tmp_path)
     expected = direct_aggregates(big_stream)
     assert expected["count"] == MESSAGES
     assert {k: result[k] for k in expected} == expected
+
+
+def test_killed_streaming_write_on_a_standalone_cluster(cluster, modern, tmp_path):
+    """The sink's exactly-once across a SIGKILL of the driver, with the
+    tasks on the cluster's executors (see test_spark_sink.py)."""
+    target = f"test-spark-cluster-kill-{uuid.uuid4().hex[:8]}"
+    modern.create_stream(target)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_LOCAL_DIRS": str(tmp_path)}
+    try:
+        killed_write_publishes_every_row_once(modern, target, tmp_path,
+                                              cluster.master_url, env)
+    finally:
+        modern.delete_stream(target, missing_ok=True)

@@ -1,10 +1,10 @@
-"""Reading streams in parallel with Spark.
+"""Reading and writing streams in parallel with Spark.
 
 ``plan_ranges`` and ``read_range`` (``pystream.ranges``, re-exported here;
 no Spark needed) split streams into offset ranges and read one of them
-anywhere, for ``mapInArrow``;
-``RabbitMQStreamDataSource`` is the PySpark data source ``rabbitmq_stream``
-(imported on first use: it needs the ``spark`` extra).
+anywhere, for ``mapInArrow``; ``RabbitMQStreamDataSource`` is the PySpark
+data source and sink ``rabbitmq_stream`` (imported on first use: it needs
+the ``spark`` extra).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The PySpark data source ``rabbitmq_stream`` (PySpark 4.2+), batch and
-streaming, over the ranges of ``pystream.ranges``.
+streaming, over the ranges of ``pystream.ranges``; its sink is ``sink.py``,
+the filters it takes ``pushdown.py``.
 
 The driver resolves every start and end to concrete offsets before a task
 runs, so each task reads a fixed range and a retried task reads the same
@@ -22,8 +23,11 @@ Options (case-insensitive), all strings as Spark passes them:
 - ``endingOffsets`` (batch): ``latest`` or JSON as above.
 - ``minPartitions``, ``maxRecordsPerPartition``: how ranges are split
   (``minPartitions`` makes no range smaller than ``MIN_RANGE`` offsets).
-- ``maxOffsetsPerTrigger`` (streaming): offsets per micro-batch over all
-  streams, shared in proportion to what each has waiting.
+- ``maxOffsetsPerTrigger`` (or ``maxRecordsPerTrigger``),
+  ``maxBytesPerTrigger``, ``minOffsetsPerTrigger`` with ``maxTriggerDelay``
+  (streaming): see ``triggers.py``.
+- ``filterValues``, ``filterMatchUnfiltered``, ``filterProperty``: broker
+  filtering and its client post-filter (``options.source_filter``).
 - ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
   removed records a read needed, instead of skipping them.
 - ``columns``: optional columns, comma-separated (``properties``,
@@ -38,13 +42,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import math
+import sys
+import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSource, DataSourceReader,
-                                    DataSourceStreamReader, InputPartition)
+                                    DataSourceStreamReader,
+                                    DataSourceStreamWriter, DataSourceWriter,
+                                    Filter, InputPartition)
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
                                               ReadMaxRows,
@@ -53,9 +60,14 @@ from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
+from ..records import Filter as StreamFilter
 from ..ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
                      client_for, read_range, resolve, split_ranges,
                      start_offset, stream_bounds)
+from .options import bool_option, broker_ref, int_option, normalize, source_filter
+from .pushdown import Pushed
+from .sink import BatchWriter, SinkConfig, StreamWriter
+from .triggers import TriggerLimits, share
 
 log = logging.getLogger("pystream.spark")
 
@@ -83,7 +95,8 @@ class _Config:
     ending: Any
     min_partitions: int | None
     max_records_per_partition: int | None
-    max_offsets_per_trigger: int | None
+    triggers: TriggerLimits
+    filter: StreamFilter | None
     fail_on_data_loss: bool
     columns: tuple[str, ...]
     amqp: bool
@@ -92,17 +105,8 @@ class _Config:
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool) -> _Config:
-        opts = {str(k).lower(): str(v) for k, v in dict(options).items()}
-        if "password" in opts:
-            raise ValueError("the 'password' option would travel with the plan "
-                             "to every executor: use passwordEnv or passwordFile")
-        broker = BrokerRef(opts.get("uri", "rabbitmq-stream://localhost:5552/"),
-                           opts.get("passwordenv", "PYSTREAM_PASSWORD"),
-                           opts.get("passwordfile"),
-                           ca_file=opts.get("tlscafile"),
-                           cert_file=opts.get("tlscertfile"),
-                           key_file=opts.get("tlskeyfile"),
-                           sasl_mechanism=opts.get("saslmechanism", "PLAIN").upper())
+        opts = normalize(options)
+        broker = broker_ref(opts)
         named = [k for k in ("stream", "streams", "superstream") if k in opts]
         if len(named) != 1:
             raise ValueError("name exactly one of the options stream, streams "
@@ -116,7 +120,7 @@ class _Config:
                                   "latest" if streaming else "earliest",
                                   "startingOffsets")
         if "startingtimestamp" in opts:
-            millis = _int_option(opts, "startingtimestamp", 0)
+            millis = int_option(opts, "startingtimestamp", 0)
             starting = dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
         if streaming and "endingoffsets" in opts:
             raise ValueError("endingOffsets is for batch reads; a streaming "
@@ -132,12 +136,13 @@ class _Config:
             super_stream=opts.get("superstream"),
             starting=starting,
             ending=_bounds_option(opts.get("endingoffsets"), "latest", "endingOffsets"),
-            min_partitions=_int_option(opts, "minpartitions", 1),
-            max_records_per_partition=_int_option(opts, "maxrecordsperpartition", 1),
-            max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", 1),
-            fail_on_data_loss=_bool_option(opts, "failondataloss", True),
+            min_partitions=int_option(opts, "minpartitions", 1),
+            max_records_per_partition=int_option(opts, "maxrecordsperpartition", 1),
+            triggers=TriggerLimits.parse(opts),
+            filter=source_filter(opts),
+            fail_on_data_loss=bool_option(opts, "failondataloss", True),
             columns=columns,
-            amqp=_bool_option(opts, "amqp", True),
+            amqp=bool_option(opts, "amqp", True),
             read_timeout=float(opts.get("readtimeout", 60)),
             consumer_name=opts.get("consumername"),
         )
@@ -156,6 +161,17 @@ class _Config:
                              self.max_records_per_partition, MIN_RANGE)
         return [InputPartition(p) for p in parts]
 
+    def _read_columns(self) -> list[str] | None:
+        """The columns to decode: the post-filter needs application
+        properties, whether or not they are selected."""
+        wanted = set(self.columns)
+        if self.filter is not None and self.filter.post_filter is not None:
+            wanted.add("application_properties")
+        return [c for c in OPTIONAL_COLUMNS if c in wanted] or None
+
+    def _filter(self) -> dict[str, StreamFilter]:
+        return {} if self.filter is None else {"filter": self.filter}
+
     def read(self, partition: InputPartition,
              schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """One range as batches of ``schema`` (a selection of the columns).
@@ -168,30 +184,11 @@ class _Config:
                                 timeout=self.read_timeout,
                                 fail_on_data_loss=self.fail_on_data_loss,
                                 body="binary", amqp=self.amqp,
-                                columns=list(self.columns) or None):
+                                columns=self._read_columns(), **self._filter()):
             columns = {"stream": pa.repeat(name, batch.num_rows)}
             columns.update(zip(batch.schema.names, batch.columns))
             yield pa.RecordBatch.from_arrays([columns[f.name] for f in schema],
                                              schema=schema)
-
-
-def _int_option(opts: dict, key: str, minimum: int) -> int | None:
-    if key not in opts:
-        return None
-    try:
-        value = int(opts[key])
-    except ValueError:
-        raise ValueError(f"option {key} must be an integer, not {opts[key]!r}") from None
-    if value < minimum:
-        raise ValueError(f"option {key} must be >= {minimum}, not {value}")
-    return value
-
-
-def _bool_option(opts: dict, key: str, default: bool) -> bool:
-    value = opts.get(key, str(default)).strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(f"option {key} must be true or false, not {value!r}")
-    return value == "true"
 
 
 def _bounds_option(text: str | None, default: str, key: str) -> Any:
@@ -247,32 +244,63 @@ class RabbitMQStreamDataSource(DataSource):
         return _schema(_Config.parse(self.options, streaming=False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _BatchReader(_Config.parse(self.options, streaming=False), schema)
+        config = _Config.parse(self.options, streaming=False)
+        if _planning_pushdown():
+            return _PushingBatchReader(config, schema)
+        return _BatchReader(config, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return _StreamReader(_Config.parse(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(SinkConfig.parse(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return StreamWriter(SinkConfig.parse(self.options, schema, overwrite))
 
 
 class _BatchReader(DataSourceReader):
     def __init__(self, config: _Config, schema: StructType) -> None:
         self.config = config
         self.output = _output_schema(schema, config)
+        self.pushed = Pushed()
 
     def partitions(self) -> Sequence[InputPartition]:
         config = self.config
         client = config.client()
         ranges = []
         for stream in config.current_streams():
+            if not self.pushed.wants(stream):
+                continue
             bounds = stream_bounds(client, stream)
             lo = start_offset(config.starting, client, stream, bounds,
                               config.fail_on_data_loss)
             hi = min(resolve(bound_for(config.ending, stream, "latest"), client,
                              stream, bounds), bounds.end)
-            ranges.append(OffsetRange(stream, lo, hi))
+            ranges += self.pushed.narrow(OffsetRange(stream, lo, hi), client, bounds)
         return config.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.config.read(partition, self.output)
+
+
+class _PushingBatchReader(_BatchReader):
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        return self.pushed.push(filters)
+
+
+def _planning_pushdown() -> bool:
+    """Whether Spark is creating the reader to push filters into it. Spark
+    refuses a reader that has ``pushFilters`` unless
+    ``spark.sql.python.filterPushdown.enabled`` is true (false by default),
+    and creates the reader in its pushdown worker only when it is: a
+    setting the reader cannot read itself."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _initial(bound: Bound) -> Any:
@@ -296,13 +324,14 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.output = _output_schema(schema, config)
         self.target: dict[str, int] | None = None  # Trigger.AvailableNow
         self.latest: dict[str, int] | None = None
+        self.last_batch = time.monotonic()  # minOffsetsPerTrigger's delay
 
     def initialOffset(self) -> dict:
         return {s: _initial(bound_for(self.config.starting, s, "earliest"))
                 for s in self.config.current_streams()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.config.max_offsets_per_trigger
+        limit = self.config.triggers.max_offsets
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -338,7 +367,12 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts[stream], ends[stream] = lo, max(lo, hi)
         self.latest = ends
         if isinstance(limit, ReadMaxRows):
-            ends = _admit(starts, ends, limit.max_rows)
+            ends = share(starts, ends, limit.max_rows)
+        ends = config.triggers.admit(client, starts, ends,
+                                     time.monotonic() - self.last_batch,
+                                     available_now=self.target is not None)
+        if ends != starts:
+            self.last_batch = time.monotonic()
         return ends
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -369,18 +403,3 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for stream, offset in end.items():
             if isinstance(offset, int) and offset > 0:
                 client.store_offset(stream, name, offset - 1)
-
-
-def _admit(starts: dict[str, int], ends: dict[str, int], budget: int) -> dict[str, int]:
-    """Cut each stream's waiting offsets so the total is at most ``budget``,
-    in proportion to what each has waiting (at least one offset for the
-    stream with the most, so a batch always makes progress)."""
-    waiting = {s: ends[s] - starts[s] for s in ends}
-    total = sum(waiting.values())
-    if total <= budget:
-        return ends
-    admitted = {s: starts[s] + math.floor(budget * n / total) for s, n in waiting.items()}
-    if admitted == starts:
-        busiest = max(waiting, key=waiting.__getitem__)
-        admitted[busiest] += 1
-    return admitted

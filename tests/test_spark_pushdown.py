@@ -1,0 +1,135 @@
+"""Filters Spark pushes into a batch read narrow the planned ranges: a query
+on the last 1 % of a stream receives about 1 % of its chunks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+
+import pytest
+
+import pystream
+from pystream.consumer import Consumer
+
+from .conftest import MODERN_URI
+
+pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession, functions as F  # noqa: E402
+from pyspark.sql.datasource import (EqualTo, GreaterThanOrEqual, In,  # noqa: E402
+                                    LessThan)
+
+from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
+from pystream.spark.datasource import _Config, _PushingBatchReader  # noqa: E402
+
+pytestmark = pytest.mark.broker
+
+URI = pystream.parse_uri(MODERN_URI).uri()
+N = 1_000_000
+LATER = 20_000  # records published after a pause, to filter on by time
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = (SparkSession.builder.master("local[2]")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(RabbitMQStreamDataSource)
+    session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    yield session
+    session.conf.unset("spark.sql.python.filterPushdown.enabled")
+
+
+@pytest.fixture(scope="module")
+def large():
+    """N records of 100 B, the last LATER of them published after a pause;
+    the first chunk time of those."""
+    name = f"test-pushdown-{os.getpid()}"
+    body = b"x" * 100
+    with pystream.connect(MODERN_URI) as client:
+        client.create_stream(name)
+        with client.producer(name) as producer:
+            # A flush per 1000 records: about a chunk each, so 1 % of the
+            # chunks is about 1 % of the records.
+            for _ in range((N - LATER) // 1000):
+                producer.send_batch([body] * 1000)
+                producer.flush()
+            time.sleep(2.5)
+            for _ in range(LATER // 1000):
+                producer.send_batch([body] * 1000)
+                producer.flush()
+        with client.consumer(name, offset=N - LATER) as consumer:
+            later = next(iter(consumer)).column("chunk_timestamp")[0].as_py()
+        yield name, later
+        client.delete_stream(name)
+
+
+def chunks_read(monkeypatch, options: dict, filters: list) -> tuple[int, int, list]:
+    """Chunks received and rows read by a batch read with ``filters``
+    pushed, in this process; the filters left to Spark."""
+    counted = [0]
+    arrived = Consumer._chunk_arrived
+
+    def counting(self, sub, chunk):
+        counted[0] += 1
+        return arrived(self, sub, chunk)
+
+    monkeypatch.setattr(Consumer, "_chunk_arrived", counting)
+    source = RabbitMQStreamDataSource({"uri": URI, **options})
+    reader = _PushingBatchReader(_Config.parse(source.options, streaming=False),
+                                 source.schema())
+    rest = list(reader.pushFilters(filters))
+    rows = sum(b.num_rows for p in reader.partitions() for b in reader.read(p))
+    return counted[0], rows, rest
+
+
+def test_the_last_percent_reads_a_percent_of_the_chunks(monkeypatch, large):
+    stream, _ = large
+    everything, rows, _ = chunks_read(monkeypatch, {"stream": stream}, [])
+    assert rows == N and everything > 500
+    last = GreaterThanOrEqual(("offset",), N - N // 100)
+    some, rows, rest = chunks_read(monkeypatch, {"stream": stream}, [last])
+    assert rows == N // 100 and rest == []
+    print(f"chunks read: {some} of {everything}")
+    assert some / everything < 0.015, (some, everything)
+
+
+def test_points_streams_and_times(monkeypatch, large):
+    stream, later = large
+    points = In(("offset",), (5, 6, 7, 500_000))
+    some, rows, rest = chunks_read(monkeypatch, {"stream": stream}, [points])
+    assert rows >= 4 and rest == [points] and some <= 4 * 3
+    _, rows, rest = chunks_read(monkeypatch, {"stream": stream},
+                                [EqualTo(("stream",), "another")])
+    assert rows == 0 and rest == []
+    when = GreaterThanOrEqual(("chunk_timestamp",), later)
+    some, rows, rest = chunks_read(monkeypatch, {"stream": stream}, [when])
+    assert rest == [when] and LATER <= rows < 2 * LATER
+    before = LessThan(("chunk_timestamp",), later - dt.timedelta(seconds=2))
+    _, rows, _ = chunks_read(monkeypatch, {"stream": stream}, [before])
+    assert N - 2 * LATER < rows <= N - LATER
+
+
+def test_spark_pushes_and_answers_the_same(spark, large):
+    stream, later = large
+
+    def df():  # a DataFrame per query: see the README on Spark's reuse
+        return (spark.read.format("rabbitmq_stream").option("uri", URI)
+                .option("stream", stream).load())
+
+    tail = df().where(F.col("offset") >= N - 100)
+    assert tail.rdd.getNumPartitions() == 1
+    assert df().where(F.col("offset") >= N - 100).count() == 100
+    assert sorted(r.offset for r in df().where(F.col("offset").isin(5, 7, 999_999))
+                  .select("offset").collect()) == [5, 7, 999_999]
+    assert df().where(F.col("chunk_timestamp") >= later).count() == LATER
+    assert df().where((F.col("offset") > 10) & (F.col("offset") <= 20)).count() == 10
+    assert df().where(F.col("stream") == "another").count() == 0
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    try:  # Spark filters everything itself
+        assert df().where(F.col("offset") >= N - 100).count() == 100
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
