@@ -290,7 +290,7 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
                 # chunk of a range was committed when it was planned: a
                 # filtered read that hears nothing is done.
                 if ("filter" in consumer_options and idle >= FILTERED_IDLE
-                        or _past_last_user_chunk(client, stream, start,
+                        or _past_last_user_chunk(client, stream, start, end,
                                                  consumer.position, idle)):
                     return
                 if idle >= timeout:
@@ -307,18 +307,21 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
                 return
 
 
-def _past_last_user_chunk(client: Client, stream: str, start: int,
+def _past_last_user_chunk(client: Client, stream: str, start: int, end: int,
                           position: int | None, idle: float) -> bool:
-    """Whether every record up to the stream's tail was received. An exact
-    end (4.3+) counts the offsets of offset-tracking chunks, which are never
-    delivered: once the position is past the first offset of the last user
-    chunk, nothing is left to come before the tail. Before any chunk came,
-    a start past that offset may still lie in the last user chunk, which
-    the broker sends at once: only a wait of ``FIRST_CHUNK_WAIT`` says it
-    does not."""
+    """Whether every record of a range that ends within the stream's tail
+    was received. An exact end (4.3+) counts the offsets of offset-tracking
+    chunks, which are never delivered: once the position is past the first
+    offset of the last user chunk, nothing is left to come before the tail.
+    Before any chunk came, a start past that offset may still lie in the
+    last user chunk, which the broker sends at once: only a wait of
+    ``FIRST_CHUNK_WAIT`` says it does not. A range ending past the tail asks
+    for records not written yet, and waits for them."""
     if not client.supports("resolve_offset_spec"):
         return False
     if position is None and idle < FIRST_CHUNK_WAIT:
+        return False
+    if end > client.stream_stats(stream).get("committed_offset", -1) + 1:
         return False
     return (start if position is None else position) > client.resolve_offset(stream, "last")
 
