@@ -65,6 +65,7 @@ bench: build brokers
 	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_otel.py --json bench/results/otel.json
 	$(PY) bench/bench_spark.py
+	$(PY) bench/bench_spark_io.py
 	$(PY) bench/report.py
 
 clean:

@@ -1,113 +1,148 @@
 """Spark writing to a stream, Spark reading against the Python data source
-ceiling, and DuckDB reading a range, each beside pystream alone, in one run.
+ceiling, and DuckDB reading a range, each beside pystream alone.
 
-    .venv/bin/python bench/bench_spark_io.py --messages 2000000 --repeat 3
+    .venv/bin/python bench/bench_spark_io.py                     # 2 M rows, 10 M for DuckDB, 3 runs
+    .venv/bin/python bench/bench_spark_io.py --duckdb-messages 4000000 --repeat 3
 
-What it measures (records of 100 B; medians of ``--repeat`` runs):
+What it measures (records of 100 B; medians of ``--repeat`` runs, the
+cases taking turns within each run):
 
 * ``producer``: pystream's producer publishing ``--messages`` bodies in
   batches of 10 000 (``send_batch``, then ``flush``) to a new stream.
 * ``spark-write``: ``df.write.format("rabbitmq_stream")`` of the same
   count from a cached DataFrame of 2 partitions, to a new stream.
-* ``spark-read``: ``count(*), sum(length(body))`` over the ``bench-100b``
+* ``spark-read``: ``count(*), sum(length(body))`` over the ``--stream``
   stream's first ``--messages`` records with ``.schema("body binary")``
   and ``minPartitions`` 4 (as ``bench_spark.py``'s ``pystream-body``).
 * ``python-ceiling``: the same query over a Python data source with no I/O
   (``bench_spark.py``'s), the ceiling of any Python data source here.
 * ``read-range``: the data source's own work without Spark: the four
-  ranges read one after the other in this process, each batch given its
+  ranges read one after the other in one process, each batch given its
   ``stream`` column as the data source does.
 * ``consume``: ``read_range`` over the first ``--duckdb-messages`` records,
   counting rows (pystream's consume rate).
 * ``duckdb``: ``SELECT count(*), sum(octet_length(body))`` over the same
   ``read_range`` through the Arrow C stream interface.
 
-Results go to ``--json`` (default ``bench/results/spark_io.json``) with the
-commit, versions, machine and date.
+The Spark cases run in one ``local[2]`` session of this process (warmed up
+once); the others each in a fresh process. The ratios the README states
+(write / producer, read / ceiling, duckdb / consume) are of the medians;
+``bench/report.py`` renders them, with the targets, from
+``bench/results/spark_io.json`` (the runs, the broker's CPU time and the
+load average of each, the machine, commit and versions).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import os
 import pathlib
-import platform
-import statistics
-import subprocess
 import sys
-import time
 
 import pyarrow as pa
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _runs import fmt_rate  # noqa: E402
-from bench_consume import DEFAULT_URI, prefill  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from harness import PROGRESS, Window  # noqa: E402
+from bench_consume import prefill  # noqa: E402
 from bench_spark import STREAM, ceiling_source  # noqa: E402
 
-TARGET = "bench-spark-io-target"
+TARGET = "bench-sparkio-target"
 BODY = bytes(100)
+CASES = ("producer", "spark-write", "spark-read", "python-ceiling",
+         "read-range", "consume", "duckdb")
+SPARK = ("spark-write", "spark-read", "python-ceiling")
+# (numerator, denominator) of the ratios the README states
+RATIOS = (("spark-write", "producer"), ("spark-read", "python-ceiling"),
+          ("duckdb", "consume"))
 
 
-def fresh(client, name: str) -> None:
-    client.delete_stream(name, missing_ok=True)
-    client.create_stream(name)
+def fresh(uri: str, name: str) -> None:
+    def make(client) -> None:
+        client.delete_stream(name, missing_ok=True)
+        client.create_stream(name)
+    harness.admin(uri, make)
 
 
-def producer_write(uri: str, count: int) -> float:
+# --- the cases without Spark, each in a fresh process ----------------------------
+
+
+def producer_write(uri: str, count: int) -> dict:
     import pystream
     bodies = pa.array([BODY] * 10_000, pa.binary())
+    fresh(uri, TARGET)
+    window = Window()
     with pystream.connect(uri) as client:
-        fresh(client, TARGET)
-        started = time.perf_counter()
+        window.start()
         with client.producer(TARGET) as producer:
             for lo in range(0, count, 10_000):
                 producer.send_batch(bodies.slice(0, min(10_000, count - lo)))
+                PROGRESS[0] = lo
             producer.flush()
-        return time.perf_counter() - started
+        return window.stop(count)
 
 
-def machine() -> dict:
-    def run(*cmd: str) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True,
-                                  cwd=HERE).stdout.strip()
-        except OSError:
-            return ""
-
-    import duckdb
-    import pyspark
+def range_alone(uri: str, stream: str, count: int) -> dict:
+    from pystream.spark import BrokerRef, plan_ranges, read_range
     import pystream
-    return {"commit": run("git", "rev-parse", "HEAD"),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
-            "python": platform.python_version(), "pyspark": pyspark.__version__,
-            "pyarrow": pa.__version__, "duckdb": duckdb.__version__,
-            "pystream": getattr(pystream, "__version__", "")}
+    broker = BrokerRef(pystream.parse_uri(uri).uri())
+    name = pa.scalar(stream)
+    window = Window()
+    window.start()
+    for r in plan_ranges(broker, [stream], 0, count, min_partitions=4):
+        for batch in read_range(broker, r.stream, r.start, r.end, body="binary"):
+            out = pa.RecordBatch.from_arrays(
+                [pa.repeat(name, batch.num_rows), *batch.columns],
+                names=["stream", *batch.schema.names])
+            PROGRESS[0] += out.num_rows
+    res = window.stop(PROGRESS[0])
+    return res if PROGRESS[0] == count else {"error": f"read {PROGRESS[0]} of {count}"}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--uri", default=os.environ.get("PYSTREAM_TEST_URI", DEFAULT_URI))
-    ap.add_argument("--messages", type=int, default=2_000_000)
-    ap.add_argument("--duckdb-messages", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=str(HERE / "results" / "spark_io.json"))
-    args = ap.parse_args()
+def consume(uri: str, stream: str, count: int) -> dict:
+    from pystream.spark import read_range
+    window = Window()
+    window.start()
+    for batch in read_range(uri, stream, 0, count):
+        PROGRESS[0] += batch.num_rows
+    res = window.stop(PROGRESS[0])
+    return res if PROGRESS[0] == count else {"error": f"read {PROGRESS[0]} of {count}"}
 
+
+def duck(uri: str, stream: str, count: int) -> dict:
     import duckdb
+    from pystream.spark import read_range
+    window = Window()
+    window.start()
+    rows_ = read_range(uri, stream, 0, count)  # noqa: F841 (DuckDB finds it)
+    got = duckdb.sql("SELECT count(*), sum(octet_length(body)) FROM rows_").fetchall()[0]
+    res = window.stop(count)
+    return res if got == (count, 100 * count) else {"error": f"duckdb read {got}"}
 
+
+def child_main(args) -> None:
+    if args.child != "duckdb":  # DuckDB reads without telling its progress
+        harness.start_watchdog(args.stall)
+    n, big = args.messages, args.duckdb_messages
+    harness.child_done({
+        "producer": lambda: producer_write(args.uri, n),
+        "read-range": lambda: range_alone(args.uri, args.stream, n),
+        "consume": lambda: consume(args.uri, args.stream, big),
+        "duckdb": lambda: duck(args.uri, args.stream, big),
+    }[args.child]())
+
+
+# --- the Spark cases, in this process's session ------------------------------------
+
+
+def spark_cases(args):
+    """{case: run(count) -> result} over one warmed-up Spark session."""
     import pystream
-    from pystream.spark import BrokerRef, RabbitMQStreamDataSource, plan_ranges, read_range
-    prefill(args.uri, STREAM, 100, max(args.messages, args.duckdb_messages))
-    uri = pystream.parse_uri(args.uri).uri()  # the data source takes no password
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession, functions as F
+    from pystream.spark import RabbitMQStreamDataSource
+
     spark = (SparkSession.builder.master("local[2]")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -116,99 +151,113 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RabbitMQStreamDataSource)
     spark.dataSource.register(ceiling_source())
-
+    uri = pystream.parse_uri(args.uri).uri()  # the data source takes no password
     rows = (spark.range(args.messages, numPartitions=2)
             .select(F.lit(BODY).alias("body")).cache())
     rows.count()
 
-    def spark_write(n: int) -> float:
-        with pystream.connect(args.uri) as client:
-            fresh(client, TARGET)
-        started = time.perf_counter()
-        (rows.limit(n) if n < args.messages else rows).write.format("rabbitmq_stream") \
-            .mode("append").option("uri", uri).option("stream", TARGET).save()
-        return time.perf_counter() - started
+    def timed(action, count: int) -> dict:
+        """The Window of ``action()`` without its CPU time (this process's
+        is the driver's alone, not the JVM's or the workers')."""
+        load = harness.loadavg()
+        window = Window()
+        window.start()
+        error = action()
+        res = window.stop(count)
+        res.pop("cpu")
+        res["load"] = [load, harness.loadavg()]
+        return {"error": error, "load": res["load"]} if error else res
 
-    def query(df, n: int) -> float:
-        started = time.perf_counter()
-        count, size = df.agg(F.count("*"), F.sum(F.length("body"))).first()
-        seconds = time.perf_counter() - started
-        assert (count, size) == (n, 100 * n), (count, size)
-        return seconds
+    def write(n: int) -> dict:
+        fresh(args.uri, TARGET)
+        return timed(lambda: (rows.limit(n) if n < args.messages else rows).write
+                     .format("rabbitmq_stream").mode("append").option("uri", uri)
+                     .option("stream", TARGET).save(), n)
 
-    def spark_read(n: int) -> float:
+    def query(df, n: int) -> dict:
+        def run():
+            count, size = df.agg(F.count("*"), F.sum(F.length("body"))).first()
+            if (count, size) != (n, 100 * n):
+                return f"read {count} rows, {size} bytes; expected {n}, {100 * n}"
+        return timed(run, n)
+
+    def read(n: int) -> dict:
         return query(spark.read.format("rabbitmq_stream").schema("body binary")
-                     .option("uri", uri).option("stream", STREAM)
+                     .option("uri", uri).option("stream", args.stream)
                      .option("minPartitions", 4)
-                     .option("endingOffsets", json.dumps({STREAM: n})).load(), n)
+                     .option("endingOffsets", json.dumps({args.stream: n})).load(), n)
 
-    def ceiling(n: int) -> float:
+    def ceiling(n: int) -> dict:
         return query(spark.read.format("ceiling").option("rows", n).load(), n)
 
-    def range_alone(n: int) -> float:
-        broker = BrokerRef(uri)
-        started = time.perf_counter()
-        name = pa.scalar(STREAM)
-        total = 0
-        for r in plan_ranges(broker, [STREAM], 0, n, min_partitions=4):
-            for batch in read_range(broker, r.stream, r.start, r.end, body="binary"):
-                out = pa.RecordBatch.from_arrays(
-                    [pa.repeat(name, batch.num_rows), *batch.columns],
-                    names=["stream", *batch.schema.names])
-                total += out.num_rows
-        assert total == n
-        return time.perf_counter() - started
+    return spark, {"spark-write": write, "spark-read": read, "python-ceiling": ceiling}
 
-    def consume(n: int) -> float:
-        started = time.perf_counter()
-        total = sum(b.num_rows for b in read_range(args.uri, STREAM, 0, n))
-        assert total == n
-        return time.perf_counter() - started
 
-    def duck(n: int) -> float:
-        started = time.perf_counter()
-        rows_ = read_range(args.uri, STREAM, 0, n)  # noqa: F841 (DuckDB finds it)
-        got = duckdb.sql("SELECT count(*), sum(octet_length(body)) FROM rows_").fetchall()[0]
-        assert got == (n, 100 * n), got
-        return time.perf_counter() - started
-
+def main() -> None:
+    ap = harness.parser(__doc__, clients=CASES, repeat=3, result="spark_io")
+    ap.add_argument("--messages", type=int, default=2_000_000,
+                    help="records of the Spark cases and of the producer (a multiple of 4)")
+    ap.add_argument("--duckdb-messages", type=int, default=10_000_000,
+                    help="records of consume and duckdb")
+    ap.add_argument("--stream", default=STREAM,
+                    help=f"the stream read (default {STREAM}, topped up if short)")
+    args = ap.parse_args()
+    if args.child:
+        return child_main(args)
+    names = harness.chosen(ap, args)
+    info = harness.machine(args.uri)
+    import pystream
+    from importlib import metadata
+    if not info["versions"].get("pystream"):  # built in place, not installed
+        info["versions"]["pystream"] = getattr(pystream, "__version__", None)
+    try:
+        info["versions"]["duckdb"] = metadata.version("duckdb")
+    except metadata.PackageNotFoundError:  # the duckdb case fails
+        info["versions"]["duckdb"] = None
+    harness.banner(info, "spark_io")
+    os.environ[harness.BROKER_PID_ENV] = str(harness.broker_pid(args.uri))
     n, big = args.messages, args.duckdb_messages
-    cases = {"producer": (lambda: producer_write(args.uri, n), n),
-             "spark-write": (lambda: spark_write(n), n),
-             "spark-read": (lambda: spark_read(n), n),
-             "python-ceiling": (lambda: ceiling(n), n),
-             "read-range": (lambda: range_alone(n), n),
-             "consume": (lambda: consume(big), big),
-             "duckdb": (lambda: duck(big), big)}
-    spark_write(min(n, 100_000))  # warm the JVM and the Python workers
-    spark_read(min(n, 200_000))
-    ceiling(min(n, 200_000))
-    seconds: dict[str, list[float]] = {k: [] for k in cases}
-    for run in range(args.repeat):
-        for name, (fn, _) in cases.items():
-            seconds[name].append(fn())
-            print(f"run {run + 1}: {name:14} {seconds[name][-1]:6.2f} s", flush=True)
-    spark.stop()
-    with pystream.connect(args.uri) as client:
-        client.delete_stream(TARGET, missing_ok=True)
+    prefill(args.uri, args.stream, 100, max(n, big))
 
-    medians = {k: statistics.median(v) for k, v in seconds.items()}
-    rates = {k: cases[k][1] / medians[k] for k in cases}
-    ratios = {"spark-write / producer": rates["spark-write"] / rates["producer"],
-              "spark-read / python-ceiling": rates["spark-read"] / rates["python-ceiling"],
-              "duckdb / consume": rates["duckdb"] / rates["consume"]}
+    spark, cases = None, {}
+    if set(names) & set(SPARK):
+        spark, cases = spark_cases(args)
+        for name in names:  # the JVM and the Python workers warm
+            if name in cases:
+                cases[name](min(n, 200_000 if name != "spark-write" else 100_000))
+
+    def run(name: str) -> dict:
+        if name in cases:
+            return cases[name](n)
+        cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--uri", args.uri,
+               "--child", name, "--stream", args.stream, "--messages", str(n),
+               "--duckdb-messages", str(big), "--stall", str(args.stall)]
+        return harness.run_child(cmd, args.timeout, args.uri)
+
+    try:
+        runs = harness.interleave(args.repeat, names, run)
+    finally:
+        if spark is not None:
+            spark.stop()
+        harness.admin(args.uri, lambda c: c.delete_stream(TARGET, missing_ok=True))
+
+    out = {name: {"summary": harness.summarize(runs[i], 100), "runs": runs[i]}
+           for i, name in enumerate(names)}
     print(f"\n{n:,} records of 100 B ({big:,} for consume and duckdb), "
           f"medians of {args.repeat}:\n")
-    print("| case | seconds | rows/s |")
-    print("|---|---|---|")
-    for k in cases:
-        print(f"| {k} | {medians[k]:.2f} | {fmt_rate(rates[k])} |")
-    for k, v in ratios.items():
-        print(f"{k}: {v:.2f}")
-    pathlib.Path(args.json).write_text(json.dumps(
-        {**machine(), "messages": n, "duckdb_messages": big, "repeat": args.repeat,
-         "seconds": seconds, "medians": medians, "rows_per_second": rates,
-         "ratios": ratios}, indent=2) + "\n")
+    for name, c in out.items():
+        s = c["summary"]
+        if s:
+            print(f"  {name:16} {s['seconds_median']:6.2f} s "
+                  f"{harness.fmt_rate(s['msg_per_s_median'])} rows/s")
+    for a, b in RATIOS:
+        sa, sb = (out.get(x, {}).get("summary") for x in (a, b))
+        if sa and sb:
+            print(f"  {a} / {b}: {sa['msg_per_s_median'] / sb['msg_per_s_median']:.2f}")
+    harness.write_results(args.json, info, {
+        "benchmark": "spark_io", "repeat": args.repeat, "messages": n,
+        "duckdb_messages": big, "body_size": 100, "stream": args.stream,
+        "cases": out})
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
     .venv/bin/python bench/report.py --check    # exit 1 if a block differs from the results
 
 Every figure of the README's "How fast" and "Benchmarks" sections (and the
-decode table of "Decoding Deliver frames", the metrics' cost in
-"Monitoring") sits between a pair of marker
+decode table of "Decoding Deliver frames", the Spark read, write and DuckDB
+figures of "Spark", the metrics' cost in "Monitoring") sits between a pair of marker
 comments, ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, and is
 written here from bench/results/*.json; nothing between them is typed by
 hand. tests/test_bench_report.py re-renders them and fails on any
@@ -577,9 +577,77 @@ def otel_block() -> str:
     return "\n".join(out) + "\n"
 
 
+# bench_spark_io.py's ratios (rate over rate, of the medians): the two
+# cases, the target the ratio is held to, what they are in a sentence
+SPARK_IO_RATIOS = (("spark-write", "producer", 0.50, "Spark write", "of the producer"),
+                   ("spark-read", "python-ceiling", 0.80, "Spark read", "of the ceiling"),
+                   ("duckdb", "consume", 0.80, "DuckDB", "of pystream's consume rate"))
+SPARK_IO_LABELS = {
+    "producer": "pystream producer, batches of 10 000",
+    "spark-write": "Spark `df.write` (2 tasks)",
+    "spark-read": 'Spark read, `.schema("body binary")`, 4 ranges',
+    "python-ceiling": "Python data source with no I/O (the ceiling)",
+    "read-range": "the same 4 ranges read in one process, no Spark",
+    "consume": "pystream `read_range`, counting rows",
+    "duckdb": "DuckDB `count(*), sum(octet_length(body))` over it",
+}
+
+
+def spark_io_block() -> str:
+    res = load("spark_io")
+    if not res:
+        return "(no stored results: run `make bench`)\n"
+    cases = res["cases"]
+    s = {name: c["summary"] for name, c in cases.items()}
+    ratio_of = {a: (b, what.replace(" consume rate", "").replace("'s", ""))
+                for a, b, _, _, what in SPARK_IO_RATIOS}
+    loads = [x[0] for c in cases.values() for r in c["runs"] for x in r.get("load", []) if x]
+    out = [f"{count(res['messages'])} records of {res['body_size']} B for the Spark rows, "
+           f"the producer and the ranges, {count(res['duckdb_messages'])} for `read_range` "
+           f"and DuckDB; medians of {res['repeat']} runs, the cases taking turns"
+           + (f", load average {min(loads):.1f} to {max(loads):.1f}" if loads else "")
+           + ":", "",
+           "| case | seconds | rows/s | ratio | broker CPU (cores) | load |",
+           "|---|---|---|---|---|---|"]
+    for name, c in cases.items():
+        label = SPARK_IO_LABELS.get(name, name)
+        if not s[name]:
+            out.append(f"| {label} | failed{failures(c['runs'])} ||||| ")
+            continue
+        ratio = ""
+        if name in ratio_of and s.get(ratio_of[name][0]):
+            ratio = f"{med(s[name]) / med(s[ratio_of[name][0]]):.2f} {ratio_of[name][1]}"
+        broker = (f"{s[name]['broker_cpu_share_median']:.2f}"
+                  if "broker_cpu_share_median" in s[name] else "-")
+        out.append(f"| {label} | {s[name]['seconds_median']:.2f} | {rate(med(s[name]))} "
+                   f"| {ratio} | {broker} | {load_range(c['runs'])} |")
+    out += ["", "Targets, as measured (ratios of the medians):", ""]
+    for a, b, target, name, what in SPARK_IO_RATIOS:
+        if not (s.get(a) and s.get(b)):
+            out.append(f"- {name} at {pct(target)} {what} or more: {verdict(None)}")
+            continue
+        x = med(s[a]) / med(s[b])
+        out.append(f"- {name} at {pct(target)} {what} or more: {verdict(x >= target)} "
+                   f"({pct(x)}, over {count(s[a]['messages'])} records)")
+    if s.get("spark-read") and s.get("python-ceiling") and s.get("read-range"):
+        read, ceil, alone = (s[k] for k in ("spark-read", "python-ceiling", "read-range"))
+        extra = read["seconds_median"] - ceil["seconds_median"]
+        beside = (f"the read takes {extra:.2f} s more than the ceiling, "
+                  f"{extra / alone['seconds_median']:.1f}x that work's own "
+                  f"{alone['seconds_median']:.2f} s" if extra > 0 else
+                  "the read takes no longer than the ceiling")
+        out += ["", f"Where the read's time goes: the data source's own work (subscribe, "
+                    f"decode, trim, add the `stream` column) reads the same ranges at "
+                    f"{rate(med(alone))} rows/s in one process, "
+                    f"{med(alone) / med(read):.1f}x what Spark's path moves; {beside}."]
+    out += ["", machine_line(res["machine"], "Measured")]
+    return "\n".join(out) + "\n"
+
+
 BLOCKS = {"how-fast": how_fast, "targets": targets_block, "consume": consume_block,
           "publish": publish_block, "latency": latency_block,
-          "decode": decode_block, "spark": spark_block, "otel": otel_block}
+          "decode": decode_block, "spark": spark_block, "spark-io": spark_io_block,
+          "otel": otel_block}
 
 
 def render(text: str) -> str:

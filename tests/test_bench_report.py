@@ -23,7 +23,7 @@ def test_readme_figures_are_rendered_from_the_stored_results():
     text = (ROOT / "README.md").read_text()
     blocks = [m.group("name") for m in report.MARKER.finditer(text)]
     assert {"how-fast", "targets", "consume", "publish", "latency",
-            "decode", "otel"} <= set(blocks)
+            "decode", "otel", "spark", "spark-io"} <= set(blocks)
     rendered = report.render(text)
     for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered)):
         assert old.group(0) == new.group(0), (
@@ -34,7 +34,7 @@ def test_readme_figures_are_rendered_from_the_stored_results():
 
 def test_every_rendered_block_has_figures_and_the_machine():
     report = load_report()
-    for name in ("consume", "publish", "latency", "decode", "otel"):
+    for name in ("consume", "publish", "latency", "decode", "otel", "spark", "spark-io"):
         block = report.BLOCKS[name]()
         assert "no stored results" not in block, name
         assert re.search(r"commit `[0-9a-f]{10}`", block), name
@@ -82,3 +82,14 @@ def test_bench_otel_uses_the_harness():
         assert call in source, call
     assert "argparse.ArgumentParser(" not in source
     assert "subprocess" not in source
+
+
+def test_spark_io_block_states_each_target_with_its_ratio_and_count():
+    report = load_report()
+    block = report.BLOCKS["spark-io"]()
+    for _, _, target, name, what in report.SPARK_IO_RATIOS:
+        line = next(x for x in block.splitlines()
+                    if x.startswith(f"- {name} at {report.pct(target)} {what} or more: "))
+        assert re.search(r": (met|\*\*not met\*\*) \(\d+ %, over [\d.]+ [kM] records\)$",
+                         line), line
+    assert re.search(r"^[\d.]+ [kM] records of 100 B", block)
