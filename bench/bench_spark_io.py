@@ -138,18 +138,8 @@ def child_main(args) -> None:
 def spark_cases(args):
     """{case: run(count) -> result} over one warmed-up Spark session."""
     import pystream
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession, functions as F
-    from pystream.spark import RabbitMQStreamDataSource
-
-    spark = (SparkSession.builder.master("local[2]")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "2g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(RabbitMQStreamDataSource)
+    spark = harness.spark_session({"spark.driver.memory": "2g"})
+    from pyspark.sql import functions as F
     spark.dataSource.register(ceiling_source())
     uri = pystream.parse_uri(args.uri).uri()  # the data source takes no password
     rows = (spark.range(args.messages, numPartitions=2)

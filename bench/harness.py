@@ -396,3 +396,26 @@ def banner(info: dict, what: str) -> None:
           + ", ".join(f"{k} {x}" for k, x in v.items() if x)
           + f"; commit {info['commit'][:12]}; load {info['loadavg_start']}",
           flush=True)
+
+
+# --- Spark ----------------------------------------------------------------------
+
+
+def spark_session(conf: dict[str, str] | None = None):
+    """The benchmarks' local Spark session (2 cores, no UI) with the data
+    source registered; its Python workers run this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from pystream.spark import RabbitMQStreamDataSource
+
+    builder = (SparkSession.builder.master("local[2]")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(RabbitMQStreamDataSource)
+    return spark

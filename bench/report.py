@@ -202,19 +202,31 @@ def consume_block() -> str:
             s = c["summary"]
             label = "C wire limit" if name == "wire" else c["label"]
             if s is None:
-                out.append(f"| {label} | failed: {c['runs'][-1].get('error', '?')} "
-                           "||||||| ")
+                out.append(failed_row(label, c, 7))
                 continue
-            share = pct(med(s) / limit) if limit and name != "wire" else "–"
-            broker = (f"{s['broker_cpu_share_median']:.2f}"
-                      if "broker_cpu_share_median" in s else "-")
-            runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
+            share, broker, runs = client_figures(name, c, limit)
             out.append(f"| {label} | {rate(med(s))} | {s['mb_per_s_median']:.0f} | "
                        f"{share} | {s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
                        f"| {load_range(c['runs'])} |")
         out.append("")
     out.append(machine_line(res["machine"], "Measured"))
     return "\n".join(out) + "\n"
+
+
+def client_figures(name: str, c: dict, limit: float | None) -> tuple[str, str, str]:
+    """A client's share of the C limit, the broker's CPU (cores) and its
+    runs, as the consume and publish tables show them."""
+    s = c["summary"]
+    share = pct(med(s) / limit) if limit and name != "wire" else "–"
+    broker = (f"{s['broker_cpu_share_median']:.2f}"
+              if "broker_cpu_share_median" in s else "-")
+    runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
+    return share, broker, runs
+
+
+def failed_row(label: str, c: dict, cells: int) -> str:
+    """The row of a client whose every run failed: its last error."""
+    return f"| {label} | failed: {c['runs'][-1].get('error', '?')} " + "|" * cells + " "
 
 
 def publish_block() -> str:
@@ -235,13 +247,9 @@ def publish_block() -> str:
             label = {"wire": "C publish limit", "pystream": "pystream (list of bytes)",
                      "pystream-arrow": "pystream (arrow array)"}.get(name, c["label"])
             if s is None:
-                out.append(f"| {label} | failed: {c['runs'][-1].get('error', '?')} "
-                           "|||||| ")
+                out.append(failed_row(label, c, 6))
                 continue
-            share = pct(med(s) / limit) if limit and name != "wire" else "–"
-            broker = (f"{s['broker_cpu_share_median']:.2f}"
-                      if "broker_cpu_share_median" in s else "-")
-            runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
+            share, broker, runs = client_figures(name, c, limit)
             out.append(f"| {label} | {rate(med(s))} | {share} | "
                        f"{s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
                        f"| {load_range(c['runs'])} |")

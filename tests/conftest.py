@@ -73,6 +73,25 @@ def _unmarked_tests_dial_no_broker(request, monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", guarded)
 
 
+def local_spark() -> Any:
+    """The tests' local Spark session (2 cores, no UI, UTC, the data source
+    registered); the Spark test modules' ``spark`` fixtures start from it."""
+    from pyspark.sql import SparkSession
+
+    from pystream.spark import RabbitMQStreamDataSource
+
+    session = (SparkSession.builder.master("local[2]")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    # SQL settings after getOrCreate: another module's session may be reused.
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    session.dataSource.register(RabbitMQStreamDataSource)
+    return session
+
+
 def run_broker(*args: str, timeout: float = 600) -> str:
     """Run ``scripts/broker ARGS``; its output, or CalledProcessError
     (with its stderr) when it fails."""

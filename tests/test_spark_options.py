@@ -9,12 +9,9 @@ import pytest
 
 import pystream
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, local_spark
 
-pytest.importorskip("pyspark")
-from pyspark.sql import SparkSession  # noqa: E402
 
-from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
 from pystream.spark.options import normalize  # noqa: E402
 from pystream.spark.triggers import TriggerLimits, duration  # noqa: E402
 
@@ -23,12 +20,7 @@ URI = pystream.parse_uri(MODERN_URI).uri()
 
 @pytest.fixture(scope="module")
 def spark():
-    session = (SparkSession.builder.master("local[2]")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(RabbitMQStreamDataSource)
+    session = local_spark()
     yield session
 
 

@@ -12,10 +12,9 @@ import pytest
 import pystream
 from pystream.consumer import Consumer
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, local_spark
 
-pytest.importorskip("pyspark")
-from pyspark.sql import SparkSession, functions as F  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import (EqualTo, GreaterThanOrEqual, In,  # noqa: E402
                                     LessThan)
 
@@ -31,13 +30,7 @@ LATER = 20_000  # records published after a pause, to filter on by time
 
 @pytest.fixture(scope="module")
 def spark():
-    session = (SparkSession.builder.master("local[2]")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(RabbitMQStreamDataSource)
+    session = local_spark()
     session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     yield session
     session.conf.unset("spark.sql.python.filterPushdown.enabled")

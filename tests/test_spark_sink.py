@@ -21,12 +21,10 @@ import pytest
 
 import pystream
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, local_spark
 
-pytest.importorskip("pyspark")
-from pyspark.sql import SparkSession, functions as F  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 
-from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
 
 pytestmark = pytest.mark.broker
 
@@ -36,15 +34,7 @@ COLUMNS = "properties,application_properties,message_annotations"
 
 @pytest.fixture(scope="module")
 def spark():
-    session = (SparkSession.builder.master("local[2]")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.conf.set("spark.sql.session.timeZone", "UTC")
-    session.dataSource.register(RabbitMQStreamDataSource)
+    session = local_spark()
     yield session
 
 

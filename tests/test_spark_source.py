@@ -20,10 +20,9 @@ import pytest
 import pystream
 from pystream.spark import BrokerRef, plan_ranges, read_range, stream_bounds
 
-from .conftest import EXTERNAL_URI, MODERN_URI
+from .conftest import EXTERNAL_URI, MODERN_URI, local_spark
 
-pyspark = pytest.importorskip("pyspark")
-from pyspark.sql import SparkSession, functions as F  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 
 from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
 
@@ -36,15 +35,7 @@ URI = pystream.parse_uri(MODERN_URI).uri()
 
 @pytest.fixture(scope="module")
 def spark():
-    session = (SparkSession.builder.master("local[2]")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.conf.set("spark.sql.session.timeZone", "UTC")  # the README's session may come first
-    session.dataSource.register(RabbitMQStreamDataSource)
+    session = local_spark()
     yield session
 
 
