@@ -311,11 +311,11 @@ class _Recoveries(logging.Handler):
         self.soak = soak
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message.startswith("resubscribed to"):
-            self.soak.recovered_at.append((self.soak.now(), "consumer"))
-        elif message.startswith("producer on") and "reconnected" in message:
-            self.soak.recovered_at.append((self.soak.now(), "producer"))
+        # One WARNING per recovery, on pystream.consumer or pystream.producer.
+        who = record.name.rpartition(".")[2]
+        if (who in ("consumer", "producer") and record.levelno == logging.WARNING
+                and " recovered from " in record.getMessage()):
+            self.soak.recovered_at.append((self.soak.now(), who))
 
 
 def _longest_gap(times: list[float], start: float, end: float) -> float | None:
