@@ -49,9 +49,7 @@ Targets: pystream >= 95 % of the wire limit in the ``100b`` and ``1k`` rows.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -192,18 +190,13 @@ def child_main(args) -> None:
 # --- the parent -------------------------------------------------------------------
 
 
-def stream_end(uri: str, stream: str) -> int:
-    import _wire
-    return _wire.stream_end(uri, stream)
-
-
 def prefill(uri: str, stream: str, body_size: int, count: int) -> int:
     """Make ``stream`` hold at least ``count`` messages (the C publisher tops
     it up); return its end."""
     import pystream
     with pystream.connect(uri) as client:
         client.create_stream(stream, exist_ok=True)
-    have = stream_end(uri, stream)
+    have = harness.stream_end(uri, stream)
     if have < count:
         print(f"pre-fill {stream}: {have:,} -> {count:,} messages of "
               f"{body_size} B", flush=True)
@@ -211,7 +204,7 @@ def prefill(uri: str, stream: str, body_size: int, count: int) -> int:
         if "error" in res:
             raise SystemExit(f"pre-fill {stream}: {res['error']}")
         print(f"pre-fill {stream}: {harness.describe(res)}", flush=True)
-        have = stream_end(uri, stream)
+        have = harness.stream_end(uri, stream)
     else:
         print(f"{stream}: reusing {have:,} messages", flush=True)
     return have
@@ -248,9 +241,7 @@ def main() -> None:
 
     clients = harness.chosen(ap, args)
     all_rows = rows(args)
-    keys = [k.strip() for k in args.rows.split(",") if k.strip()]
-    if set(keys) - set(all_rows):
-        ap.error(f"--rows takes {', '.join(all_rows)}")
+    keys = harness.chosen_rows(ap, args.rows, all_rows)
     info = harness.machine(args.uri)
     harness.banner(info, "consume")
 
@@ -266,26 +257,17 @@ def main() -> None:
         args.repeat, cases, lambda case: run_one(args, all_rows[case[0]], case[1]),
         label=lambda case: f"{case[0]} {case[1]}")
 
+    grouped = harness.by_row(cases, runs)
     out_rows = {}
     for k in keys:
         r = all_rows[k]
-        out_clients = {}
-        for i, (rk, c) in enumerate(cases):
-            if rk != k:
-                continue
-            out_clients[c] = {"label": harness.label(c) if c in PEERS else c,
-                              "summary": harness.summarize(runs[i], r["body_size"]),
-                              "runs": runs[i]}
+        out_clients = {c: {"label": harness.label(c) if c in PEERS else c,
+                           "summary": harness.summarize(c_runs, r["body_size"]),
+                           "runs": c_runs}
+                       for c, c_runs in grouped[k].items()}
         out_rows[k] = {**r, "stream_end": ends[r["stream"]], "clients": out_clients}
-        print(f"\n== {k}: {r['messages']:,} × {r['body_size']} B from {r['stream']} ==")
-        for c, v in out_clients.items():
-            s = v["summary"]
-            if s is None:
-                print(f"   {c:<14} FAILED: {v['runs'][-1].get('error')}")
-                continue
-            print(f"   {c:<14} {harness.fmt_rate(s['msg_per_s_median']):>9} msg/s "
-                  f"{s['mb_per_s_median']:7.0f} MB/s  cpu {s['cpu_s_per_m_median']:.3f} "
-                  f"s/M  broker {s.get('broker_cpu_share_median', 0):.0%}")
+        harness.print_clients(f"{k}: {r['messages']:,} × {r['body_size']} B from "
+                              f"{r['stream']}", out_clients, mb=True)
         w, p = out_clients.get("wire", {}).get("summary"), \
             out_clients.get("pystream", {}).get("summary")
         if w and p:

@@ -234,9 +234,7 @@ def main() -> None:
         return
 
     modes = harness.chosen(ap, args)
-    kinds = [k.strip() for k in args.rows.split(",") if k.strip()]
-    if set(kinds) - set(ROWS):
-        ap.error(f"--rows takes {', '.join(ROWS)}")
+    kinds = harness.chosen_rows(ap, args.rows, ROWS)
     targets = {"consume": args.consume_messages, "publish": args.publish_messages}
     info = harness.machine(args.uri)
     info["versions"] = {**info["versions"], **otel_versions()}
@@ -261,14 +259,12 @@ def main() -> None:
         harness.admin(args.uri, lambda a: a.delete_stream(CONSUME_STREAM,
                                                           missing_ok=True))
 
+    grouped = harness.by_row(cases, runs)
     out_rows = {}
     for k in kinds:
-        clients = {}
-        for i, (rk, mode) in enumerate(cases):
-            if rk == k:
-                clients[mode] = {"label": mode,
-                                 "summary": harness.summarize(runs[i], BODY),
-                                 "runs": runs[i]}
+        clients = {mode: {"label": mode, "summary": harness.summarize(m_runs, BODY),
+                          "runs": m_runs}
+                   for mode, m_runs in grouped[k].items()}
         row = {"messages": targets[k], "body_size": BODY, "clients": clients}
         if k == "consume":
             per_chunk = [r["records_received"] / r["batches"]

@@ -66,6 +66,7 @@ sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
 from harness import PROGRESS, Window, make_body  # noqa: E402
+from pystream.errors import StreamError  # noqa: E402
 
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw", "rbfly",
            "rstream", "rstream-raw")
@@ -260,7 +261,6 @@ def settings(args, client: str) -> tuple[int, int]:
 
 def one_run(args, client: str, target: int, name: str) -> dict:
     """Publish into a fresh stream, check what it holds, delete it."""
-    import _wire
     harness.admin(args.uri, lambda a: a.delete_stream(name, missing_ok=True))
     harness.admin(args.uri, lambda a: a.create_stream(name))
     try:
@@ -277,8 +277,8 @@ def one_run(args, client: str, target: int, name: str) -> dict:
             res = harness.run_child(cmd, args.timeout, args.uri)
         if "error" not in res:
             try:
-                end = _wire.stream_end(args.uri, name)
-            except (OSError, _wire.WireError) as exc:
+                end = harness.stream_end(args.uri, name)
+            except StreamError as exc:
                 return {**res, "error": f"could not count the stream: {exc}"}
             res["stream_holds"] = end
             if end != target:
@@ -317,9 +317,7 @@ def main() -> None:
     clients = harness.chosen(ap, args)
     all_rows = {"100b": {"messages": args.messages, "peers": False},
                 "100b-peers": {"messages": args.peer_messages, "peers": True}}
-    keys = [k.strip() for k in args.rows.split(",") if k.strip()]
-    if set(keys) - set(all_rows):
-        ap.error(f"--rows takes {', '.join(all_rows)}")
+    keys = harness.chosen_rows(ap, args.rows, all_rows)
     info = harness.machine(args.uri)
     harness.banner(info, "publish")
     cases = [(k, c) for k in keys for c in clients
@@ -331,29 +329,20 @@ def main() -> None:
                              f"bench-publish-{case[1]}"),
         label=lambda case: f"{case[0]} {case[1]}")
 
+    grouped = harness.by_row(cases, runs)
     out_rows = {}
     for k in keys:
-        r = all_rows[k]
         out_clients = {}
-        for i, (rk, c) in enumerate(cases):
-            if rk != k:
-                continue
+        for c, c_runs in grouped[k].items():
             batch, in_flight = settings(args, c)
             out_clients[c] = {"label": harness.label(c.split("-")[0]) if c in PEERS else c,
                               "batch": batch, "in_flight": in_flight,
-                              "summary": harness.summarize(runs[i], args.body_size),
-                              "runs": runs[i]}
-        out_rows[k] = {"messages": r["messages"], "body_size": args.body_size,
+                              "summary": harness.summarize(c_runs, args.body_size),
+                              "runs": c_runs}
+        out_rows[k] = {"messages": all_rows[k]["messages"], "body_size": args.body_size,
                        "clients": out_clients}
-        print(f"\n== publish {k}: {r['messages']:,} × {args.body_size} B ==")
-        for c, v in out_clients.items():
-            s = v["summary"]
-            if s is None:
-                print(f"   {c:<16} FAILED: {v['runs'][-1].get('error')}")
-                continue
-            print(f"   {c:<16} {harness.fmt_rate(s['msg_per_s_median']):>9} msg/s "
-                  f" cpu {s['cpu_s_per_m_median']:.3f} s/M  "
-                  f"broker {s.get('broker_cpu_share_median', 0):.0%}")
+        harness.print_clients(f"publish {k}: {all_rows[k]['messages']:,} × "
+                              f"{args.body_size} B", out_clients)
     harness.write_results(args.json, info, {
         "benchmark": "publish", "repeat": args.repeat, "rows": out_rows})
 

@@ -77,6 +77,39 @@ def chosen(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     return names
 
 
+def chosen_rows(ap: argparse.ArgumentParser, text: str, known: Iterable[str]) -> list[str]:
+    """A comma-separated ``--rows`` list, each one a known row."""
+    known = tuple(known)
+    rows = [k.strip() for k in text.split(",") if k.strip()]
+    if set(rows) - set(known):
+        ap.error(f"--rows takes {', '.join(known)}")
+    return rows
+
+
+def by_row(cases: list[tuple[str, str]], runs: dict[int, list[dict]]
+           ) -> dict[str, dict[str, list[dict]]]:
+    """``interleave``'s runs of (row, client) cases as {row: {client: runs}}."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for i, (row, client) in enumerate(cases):
+        out.setdefault(row, {})[client] = runs[i]
+    return out
+
+
+def print_clients(title: str, clients: dict[str, dict], *, mb: bool = False) -> None:
+    """One line per client of a row's results (its summary and runs)."""
+    print(f"\n== {title} ==")
+    width = max((len(c) for c in clients), default=0) + 2
+    for c, v in clients.items():
+        s = v["summary"]
+        if s is None:
+            print(f"   {c:<{width}} FAILED: {v['runs'][-1].get('error')}")
+            continue
+        print(f"   {c:<{width}} {fmt_rate(s['msg_per_s_median']):>9} msg/s "
+              + (f"{s['mb_per_s_median']:7.0f} MB/s  " if mb else " ")
+              + f"cpu {s['cpu_s_per_m_median']:.3f} s/M  "
+              f"broker {s.get('broker_cpu_share_median', 0):.0%}")
+
+
 # --- what the messages hold -----------------------------------------------------
 
 
@@ -222,6 +255,12 @@ def admin(uri: str, action: Callable, attempts: int = 3):
             if attempt == attempts - 1:
                 raise
             time.sleep(1)
+
+
+def stream_end(uri: str, stream: str) -> int:
+    """The offset after the stream's last record (pystream.ranges)."""
+    from pystream.ranges import stream_bounds
+    return admin(uri, lambda client: stream_bounds(client, stream).end)
 
 
 def wire_binary() -> Path:

@@ -321,7 +321,7 @@ def _past_last_user_chunk(client: Client, stream: str, start: int, end: int,
         return False
     if position is None and idle < FIRST_CHUNK_WAIT:
         return False
-    if end > client.stream_stats(stream).get("committed_offset", -1) + 1:
+    if end > stream_bounds(client, stream).end:
         return False
     return (start if position is None else position) > client.resolve_offset(stream, "last")
 

@@ -305,16 +305,23 @@ def test_metrics_port_serves_prometheus_text(modern, modern_stream):
     assert tail.returncode == 0, err
 
 
+def read_and_store(client, stream: str, name: str, records: int, *,
+                   settle: float = 0.5) -> None:
+    """1000 records in ``stream``; consumer ``name`` reads ``records`` and
+    stores its offset (written without an answer: ``settle`` seconds)."""
+    with client.producer(stream) as producer:
+        producer.send_batch([b"x"] * 1000).result(30)
+    with client.consumer(stream, offset="first", name=name) as consumer:
+        consumer.read(records, timeout=30)
+        consumer.store_offset()
+    time.sleep(settle)
+
+
 @pytest.mark.broker
 def test_watch_shows_stored_offset_lag_and_rates(modern, modern_stream, capsys):
     from pystream import cli
     s = modern_stream
-    with modern.producer(s) as producer:
-        producer.send_batch([b"x"] * 1000).result(30)
-    with modern.consumer(s, offset="first", name="watched") as consumer:
-        consumer.read(600, timeout=30)
-        consumer.store_offset()
-    time.sleep(0.5)  # the stored offset is written without an answer
+    read_and_store(modern, s, "watched", 600)
     assert cli.main(["--uri", MODERN_URI, "watch", s, "--consumer", "watched",
                      "--consumer", "never", "--iterations", "2",
                      "--interval", "0.2"]) == 0
@@ -460,11 +467,7 @@ def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
 @pytest.mark.broker
 def test_watch_serves_its_consumers_over_the_metrics_port(modern, modern_stream):
     s = modern_stream
-    with modern.producer(s) as producer:
-        producer.send_batch([b"x"] * 1000).result(30)
-    with modern.consumer(s, offset="first", name="scraped") as consumer:
-        consumer.read(400, timeout=30)
-        consumer.store_offset()
+    read_and_store(modern, s, "scraped", 400, settle=0)
     port = free_port()
     watch = subprocess.Popen(
         [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI,
