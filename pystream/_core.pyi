@@ -19,25 +19,55 @@ def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 of ``data`` continuing from ``value``; same as zlib.crc32."""
 
 def schema(*, columns: Iterable[Column] | None = None, body: Body = "view",
-           error_policy: ErrorPolicy = "raise") -> pa.Schema: ...
+           error_policy: ErrorPolicy = "raise") -> pa.Schema:
+    """The schema of the batches decoded with these options."""
 
 def decode(buffer: Buffer, *, crc: bool = True, amqp: bool = True,
            start_offset: int = 0, columns: Iterable[Column] | None = None,
            body: Body = "view", error_policy: ErrorPolicy = "raise",
            max_subbatch_size: int = 64 << 20,
-           max_chunk_size: int = 1 << 30) -> pa.RecordBatch: ...
+           max_chunk_size: int = 1 << 30) -> pa.RecordBatch:
+    """Decode the size-prefixed Deliver frames (v1 or v2) in ``buffer`` into
+    one ``pyarrow.RecordBatch``, in C, with no Python object per message.
+
+    ``crc`` verifies each chunk's CRC-32; ``amqp=False`` keeps each entry's
+    bytes as the body; records below ``start_offset`` are dropped;
+    ``columns`` names the optional columns (``properties``,
+    ``application_properties``, ``message_annotations``, ``header``,
+    ``footer``); ``body`` is ``"view"`` (``binary_view`` pointing into
+    ``buffer``) or ``"binary"``; ``error_policy`` says what a record that is
+    not valid AMQP 1.0 does: ``"raise"`` ``MalformedMessage``, ``"skip"``, or
+    ``"raw"`` (its bytes as body, the reason in an ``error`` column).
+    ``max_subbatch_size`` and ``max_chunk_size`` bound decompression
+    (``DecompressionLimit``). Corrupt input raises ``CorruptChunk`` or
+    ``TruncatedFrame`` with the byte ``position``."""
 
 class FrameReader:
+    """Splits the bytes of a stream connection into frames:
+    ``sock.recv_into(reader.writable())``, ``reader.commit(n)``, then
+    ``next_frame()`` until it returns ``None``."""
+
     max_frame_size: int
     max_deliver_size: int
     def __init__(self, max_frame_size: int = 1048576) -> None: ...
-    def writable(self, min_size: int = 65536) -> memoryview: ...
-    def commit(self, n: int) -> None: ...
-    def feed(self, data: Buffer) -> None: ...
-    def next_frame(self) -> bytes | None: ...
-    def buffered(self) -> int: ...
+    def writable(self, min_size: int = 65536) -> memoryview:
+        """Free space at the end of the receive buffer, as a writable
+        memoryview; write into it, then ``commit`` the count."""
+    def commit(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last ``writable``."""
+    def feed(self, data: Buffer) -> None:
+        """Append a copy of ``data`` (any bytes-like) to the buffer."""
+    def next_frame(self) -> bytes | None:
+        """The next complete frame without its size prefix, or ``None``."""
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
 
 class Chunk:
+    """One decoded Deliver frame of a subscription: its ``batch``, the
+    chunk's ``first_offset``, ``num_records`` (dropped ones included),
+    ``committed_chunk_id`` (Deliver v2, else ``None``), ``timestamp`` (ms
+    since the epoch, the broker's clock), ``chunk_type`` (0 user; 1, 2
+    tracking, no rows), ``size`` (frame bytes) and ``decode_ns``."""
     subscription_id: int
     batch: pa.RecordBatch
     first_offset: int
@@ -48,16 +78,30 @@ class Chunk:
     size: int
     decode_ns: int
     @property
-    def next_offset(self) -> int: ...
+    def next_offset(self) -> int:
+        """The offset that follows this chunk (records, not entries)."""
 
 class StreamDecoder(FrameReader):
+    """A ``FrameReader`` that also decodes the Deliver frames of the
+    subscriptions registered with ``subscribe``.
+
+    ``next_event`` returns the next frame: a ``Chunk`` for a Deliver of a
+    registered subscription, otherwise the frame's bytes (control frames and
+    Deliver frames of other subscription ids, untouched), or ``None`` when
+    no complete frame is buffered. Columns of ``body="view"`` batches point
+    into the receive buffer, which stays alive (and out of reuse) while they
+    do."""
     def subscribe(self, subscription_id: int, *, crc: bool = True, amqp: bool = True,
                   start_offset: int = 0, columns: Iterable[Column] | None = None,
                   body: Body = "view", error_policy: ErrorPolicy = "raise",
                   max_subbatch_size: int = 64 << 20,
-                  max_chunk_size: int = 1 << 30) -> None: ...
-    def unsubscribe(self, subscription_id: int) -> None: ...
-    def next_event(self) -> Chunk | bytes | None: ...
+                  max_chunk_size: int = 1 << 30) -> None:
+        """Decode this subscription's chunks with these options (those of
+        ``decode``), replacing earlier ones; safe from any thread."""
+    def unsubscribe(self, subscription_id: int) -> None:
+        """Stop decoding this subscription's chunks (a no-op if unknown)."""
+    def next_event(self) -> Chunk | bytes | None:
+        """The next ``Chunk`` or control frame (bytes), or ``None``."""
 
 def encode_publish(publisher_id: int, first_publishing_id: int,
                    bodies: Strings | Sequence[bytes], *,

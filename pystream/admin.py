@@ -75,6 +75,7 @@ class Admin:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._closed
 
     @property
@@ -138,6 +139,7 @@ class Admin:
 
     @property
     def server_version(self) -> tuple[int, ...]:
+        """The broker's version as numbers, e.g. ``(4, 0, 5)``."""
         return self.connection.features.version
 
     def supports(self, feature: str) -> bool:
@@ -172,15 +174,20 @@ class Admin:
                       tolerate=StreamAlreadyExists if exist_ok else None)
 
     def delete_stream(self, stream: str, *, missing_ok: bool = False) -> None:
+        """Delete ``stream``; ``StreamDoesNotExist`` if there is none, unless
+        ``missing_ok``."""
         self._request(lambda c: P.Delete(c, stream),
                       f"delete stream {stream!r}",
                       tolerate=StreamDoesNotExist if missing_ok else None)
 
     def stream_exists(self, stream: str) -> bool:
+        """Whether ``stream`` exists (asked through metadata)."""
         info = self.metadata(stream)[stream]
         return not isinstance(info.error, StreamDoesNotExist)
 
     def metadata(self, *streams: str) -> dict[str, StreamInfo]:
+        """Each stream's leader and replicas (``StreamInfo``); a missing stream's
+        entry has ``error`` set rather than raising."""
         answer = self._request(lambda c: P.Metadata(c, streams),
                                f"metadata of {', '.join(streams)}")
         brokers = {b.reference: Endpoint(b.host, b.port) for b in answer.brokers}
@@ -244,10 +251,13 @@ class Admin:
     # --- super streams ----------------------------------------------------------
 
     def partitions(self, super_stream: str) -> list[str]:
+        """The partition streams of ``super_stream``, in order."""
         return list(self._request(lambda c: P.Partitions(c, super_stream),
                                   f"partitions of {super_stream!r}").streams)
 
     def route(self, super_stream: str, routing_key: str) -> list[str]:
+        """The partitions the broker's binding keys route ``routing_key`` to in
+        ``super_stream``."""
         return list(self._request(
             lambda c: P.Route(c, routing_key, super_stream),
             f"route {routing_key!r} in {super_stream!r}").streams)
@@ -275,6 +285,8 @@ class Admin:
             tolerate=StreamAlreadyExists if exist_ok else None)
 
     def delete_super_stream(self, name: str, *, missing_ok: bool = False) -> None:
+        """Delete a super stream and its partitions (RabbitMQ 3.13+);
+        ``StreamDoesNotExist`` if there is none, unless ``missing_ok``."""
         self.connection.features.require("super_stream_commands")
         self._request(lambda c: P.DeleteSuperStream(c, name),
                       f"delete super stream {name!r}",

@@ -51,6 +51,7 @@ class AsyncClient:
         return call
 
     async def close(self) -> None:
+        """Close the client, its consumers' connections included."""
         await asyncio.to_thread(self.client.close)
 
     async def consumer(self, stream: str | None = None, offset: Any = "next",
@@ -132,17 +133,25 @@ class AsyncConsumer:
 
     @property
     def position(self) -> int | None:
+        """``Consumer.position``: the offset of the next record."""
         return self.consumer.position
 
     @property
     def positions(self) -> dict[str, int | None]:
+        """``Consumer.positions``: the next offset of each stream read."""
         return self.consumer.positions
 
     async def store_offset(self, offset: int | None = None) -> None:
+        """``Consumer.store_offset``: store ``offset`` (default: the last record
+        handed over) under the consumer's name."""
         await asyncio.to_thread(self.consumer.store_offset, offset)
 
     async def lag(self) -> int | None:
+        """``Consumer.lag``: records committed on the broker and not yet handed
+        over (RabbitMQ 3.11+, to within a chunk)."""
         return await asyncio.to_thread(self.consumer.lag)
 
     async def close(self) -> None:
+        """Store the offset (named consumers), unsubscribe, free the
+        connections."""
         await asyncio.to_thread(self.consumer.close)

@@ -203,6 +203,8 @@ class Consumer(Subscriptions):
 
     @property
     def positions(self) -> dict[str, int | None]:
+        """The next offset of each stream read (each partition of a super
+        stream), ``None`` before its first chunk."""
         return {s: sub.position for s, sub in self._subs.items()}
 
     @property

@@ -86,19 +86,29 @@ class Credit:
     @classmethod
     def adaptive(cls, max_buffered_bytes: int = 64 << 20,
                  max_outstanding: int = 64) -> Credit:
+        """The default: up to ``max_outstanding`` chunks in flight while the
+        application keeps up, and no more credit once queued plus in-flight
+        chunks would pass ``max_buffered_bytes`` (wire bytes)."""
         return cls("adaptive", max_buffered_bytes=max_buffered_bytes,
                    max_outstanding=max_outstanding)
 
     @classmethod
     def on_arrival(cls, initial: int = 10) -> Credit:
+        """One credit per chunk received, ``initial`` at first (the Java
+        client's default); unbounded if the application is slower than the
+        stream."""
         return cls("on_arrival", initial=initial)
 
     @classmethod
     def on_consumed(cls, initial: int = 10, ratio: float = 0.5) -> Credit:
+        """One credit once ``ratio`` of a chunk's records were handed to the
+        application, ``initial`` at first."""
         return cls("on_consumed", initial=initial, ratio=ratio)
 
     @classmethod
     def manual(cls, initial: int = 1) -> Credit:
+        """``initial`` credits, then only what ``Consumer.grant_credit(n)``
+        grants."""
         return cls("manual", initial=initial)
 
 

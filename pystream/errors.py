@@ -125,34 +125,42 @@ class ResponseError(StreamError):
 
 
 class StreamDoesNotExist(ResponseError):
+    """The stream (or super stream) does not exist."""
     code = 0x02
 
 
 class SubscriptionIdAlreadyExists(ResponseError):
+    """The connection already has a subscription with this id."""
     code = 0x03
 
 
 class SubscriptionIdDoesNotExist(ResponseError):
+    """The connection has no subscription with this id."""
     code = 0x04
 
 
 class StreamAlreadyExists(ResponseError):
+    """A stream of this name exists already (``exist_ok=True`` tolerates it)."""
     code = 0x05
 
 
 class StreamNotAvailable(ResponseError):
+    """The stream exists but cannot serve now (its leader is moving or down)."""
     code = 0x06
 
 
 class SaslMechanismNotSupported(ResponseError):
+    """The broker does not offer this SASL mechanism (EXTERNAL: TLS only)."""
     code = 0x07
 
 
 class AuthenticationFailure(ResponseError):
+    """The broker refused the user name and password (or certificate)."""
     code = 0x08
 
 
 class SaslError(ResponseError):
+    """The SASL exchange failed."""
     code = 0x09
 
 
@@ -162,26 +170,32 @@ class AuthenticationFailureLoopback(AuthenticationFailure):
 
 
 class VirtualHostAccessFailure(ResponseError):
+    """The user may not use this virtual host, or it does not exist."""
     code = 0x0C
 
 
 class UnknownFrame(ResponseError):
+    """The broker did not know a command the client sent."""
     code = 0x0D
 
 
 class InternalError(ResponseError):
+    """The broker failed internally while answering."""
     code = 0x0F
 
 
 class AccessRefused(ResponseError):
+    """The user lacks the permission the request needs."""
     code = 0x10
 
 
 class PreconditionFailed(ResponseError):
+    """The broker refused the request's arguments (e.g. a stream's settings)."""
     code = 0x11
 
 
 class PublisherDoesNotExist(ResponseError):
+    """The connection has no publisher with this id."""
     code = 0x12
 
 

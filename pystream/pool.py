@@ -24,9 +24,9 @@ class Endpoint:
     port: int
 
 
-#: Maps an advertised endpoint to the one to dial (NAT, containers, a load
-#: balancer in front of the nodes).
 AddressResolver = Callable[[Endpoint], Endpoint]
+"""Maps the ``Endpoint`` metadata advertises to the one to dial (NAT,
+containers, a load balancer in front of the nodes)."""
 
 # Behind a load balancer a connection may land on another node than the one
 # wanted; retry that many times before taking it anyway.

@@ -335,11 +335,15 @@ class Producer:
     # --- confirms (reader thread) -------------------------------------------
 
     def on_confirm(self, frame: memoryview) -> None:
+        """The connection's reader thread hands a PublishConfirm frame here:
+        its publishing ids settle their futures."""
         count = int.from_bytes(frame[5:9], "big")
         ids = np.frombuffer(frame, dtype=">u8", count=count, offset=9)
         self._settle(ids.astype(np.int64), [])
 
     def on_publish_error(self, errors: tuple) -> None:
+        """The connection's reader thread hands PublishError entries here:
+        their futures raise ``PublishError`` with the broker's code."""
         ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
         self._settle(ids, [(e.publishing_id, e.code) for e in errors])
 
@@ -391,11 +395,15 @@ class Producer:
     # --- connection and recovery --------------------------------------------
 
     def on_metadata_update(self, code: int) -> None:
+        """The stream moved or went away (a MetadataUpdate with ``code``): the
+        producer reconnects to the stream's leader."""
         log.info("stream %r moved or went away (code %#x): reconnecting the "
                  "producer", self.stream, code)
         self._lost("metadata_update")
 
     def on_connection_closed(self, error: StreamError | None) -> None:
+        """The producer's connection ended: with ``error``, the producer
+        recovers (or fails with it); ``None`` means the client was closed."""
         if error is None and not self._closed:
             self._fail(ConnectionClosed("the client was closed"))
         elif error is not None:

@@ -85,6 +85,8 @@ class BrokerRef:
                            sasl_mechanism=self.sasl_mechanism)
 
     def address(self) -> BrokerAddress:
+        """The ``BrokerAddress`` to connect to, with the password read where
+        this runs (``password_env`` or ``password_file``; none for EXTERNAL)."""
         address = parse_uri(self.uri)
         if self.sasl_mechanism == "EXTERNAL":
             return address  # the certificate logs in: no password to read
@@ -116,6 +118,8 @@ class OffsetRange:
 
     @property
     def size(self) -> int:
+        """``end - start``: the offsets in the range, an upper bound of its
+        records (offset-tracking chunks use offsets too)."""
         return self.end - self.start
 
 

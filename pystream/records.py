@@ -30,11 +30,15 @@ class Filter:
     post_filter: PostFilter | None = None
 
     def properties(self) -> dict[str, str]:
+        """The Subscribe properties that ask the broker for this filter
+        (``filter.N``, ``match-unfiltered``)."""
         props = {f"filter.{i}": v for i, v in enumerate(self.values)}
         props["match-unfiltered"] = "true" if self.match_unfiltered else "false"
         return props
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` without the rows ``post_filter`` rejects (all of it when
+        there is no post filter)."""
         f = self.post_filter
         if f is None or batch.num_rows == 0:
             return batch
@@ -61,6 +65,7 @@ class Message:
 
     @property
     def offset(self) -> int:
+        """The record's offset in its stream."""
         return self._batch.column(0)[self._row].as_py()
 
     @property
@@ -70,24 +75,33 @@ class Message:
 
     @property
     def body(self) -> bytes:
+        """The body, as bytes."""
         return self._batch.column(2)[self._row].as_py()
 
     @property
     def properties(self) -> dict[str, Any] | None:
+        """The AMQP properties as a dict (``None`` when the column was not
+        decoded or the message has none)."""
         return self._get("properties")
 
     @property
     def application_properties(self) -> dict[str, str] | None:
+        """The application properties as a dict of strings (``None`` when the
+        column was not decoded or the message has none)."""
         value = self._get("application_properties")
         return None if value is None else dict(value)
 
     @property
     def message_annotations(self) -> dict[str, str] | None:
+        """The message annotations as a dict of strings (``None`` when the
+        column was not decoded or the message has none)."""
         value = self._get("message_annotations")
         return None if value is None else dict(value)
 
     @property
     def header(self) -> dict[str, Any] | None:
+        """The AMQP header as a dict (``None`` when the column was not decoded
+        or the message has none)."""
         return self._get("header")
 
     def __repr__(self) -> str:

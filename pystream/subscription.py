@@ -208,6 +208,7 @@ class Subscriptions:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._closed
 
     # --- the reader threads' side -------------------------------------------

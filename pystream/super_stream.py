@@ -75,10 +75,13 @@ class SuperStreamProducer:
         return _all_of(futures)
 
     def flush(self, timeout: float | None = None) -> None:
+        """Wait until every partition's producer has all its confirms (at
+        most ``timeout`` seconds each)."""
         for p in self._producers:
             p.flush(timeout)
 
     def close(self) -> None:
+        """Flush and close every partition's producer."""
         for p in self._producers:
             p.close()
 

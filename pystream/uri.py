@@ -17,6 +17,9 @@ DEFAULT_TLS_PORT = 5551
 
 @dataclass(frozen=True)
 class BrokerAddress:
+    """Where and how to connect: what ``parse_uri`` makes of a URI (the
+    password is kept out of its ``repr`` and of ``uri()``)."""
+
     host: str = "localhost"
     port: int = DEFAULT_PORT
     username: str = "guest"

@@ -238,24 +238,35 @@ class RabbitMQStreamDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The format's name: ``spark.read.format("rabbitmq_stream")``."""
         return "rabbitmq_stream"
 
     def schema(self) -> StructType:
+        """The rows' schema: ``stream``, ``offset``, ``chunk_timestamp``, ``body``
+        and the optional columns the ``columns`` option names."""
         return _schema(_Config.parse(self.options, streaming=False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader: offset ranges planned on the driver, read by the
+        executors (narrowed by pushed-down filters when Spark pushes them)."""
         config = _Config.parse(self.options, streaming=False)
         if _planning_pushdown():
             return _PushingBatchReader(config, schema)
         return _BatchReader(config, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The streaming reader: micro-batches of offset ranges, their
+        positions in Spark's checkpoint."""
         return _StreamReader(_Config.parse(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """The batch writer (``df.write``): one producer per task; only
+        ``append`` mode."""
         return BatchWriter(SinkConfig.parse(self.options, schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """The streaming writer (``df.writeStream``): exactly once under the
+        conditions the Spark page lists."""
         return StreamWriter(SinkConfig.parse(self.options, schema, overwrite))
 
 
