@@ -1,14 +1,18 @@
-"""The README's benchmark figures, rendered from the stored results.
+"""The benchmark figures of README.md and of the documentation pages,
+rendered from the stored results.
 
-    .venv/bin/python bench/report.py            # rewrite the generated blocks of README.md
+    .venv/bin/python bench/report.py            # rewrite the generated blocks of README.md and docs/
     .venv/bin/python bench/report.py --check    # exit 1 if a block differs from the results
+    .venv/bin/python bench/report.py FILE ...   # only these files
 
-Every figure of the README's "How fast" and "Benchmarks" sections (and the
-decode table of "Decoding Deliver frames", the Spark read, write and DuckDB
-figures of "Spark", the metrics' cost in "Monitoring") sits between a pair of marker
+Every figure of README.md's "How fast", of the Benchmarks page
+(docs/benchmarks.md), and of any other page under docs/ (the decode table
+of "Decoding Deliver frames", the Spark read, write and DuckDB figures of
+"Spark", the metrics' cost in "Monitoring") sits between a pair of marker
 comments, ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, and is
 written here from bench/results/*.json; nothing between them is typed by
-hand. tests/test_bench_report.py re-renders them and fails on any
+hand. A block may stand in any of those files, and in more than one.
+tests/test_bench_report.py re-renders them and fails on any
 difference. Ratios are of medians; a target is "met" only when the
 measured ratio reaches it.
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE.parent / "README.md"
+DOCS = HERE.parent / "docs"
 MARKER = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(.*?)(<!-- /bench:(?P=name) -->)",
                     re.S)
 PEERS = ("rbfly", "rstream")
@@ -658,35 +663,43 @@ BLOCKS = {"how-fast": how_fast, "targets": targets_block, "consume": consume_blo
           "otel": otel_block}
 
 
-def render(text: str) -> str:
+def pages() -> list[Path]:
+    """The files whose blocks are rendered: README.md and every Markdown
+    page under docs/."""
+    return [README, *sorted(DOCS.glob("**/*.md"))]
+
+
+def render(text: str, where: str = "README.md") -> str:
     """``text`` with every generated block rewritten from the results."""
     def block(m: re.Match) -> str:
         name = m.group("name")
         if name not in BLOCKS:
-            raise SystemExit(f"README: unknown block bench:{name}")
+            raise SystemExit(f"{where}: unknown block bench:{name}")
         return m.group(1) + BLOCKS[name]() + m.group(4)
     return MARKER.sub(block, text)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", type=Path,
+                    help="the Markdown files to render (default: README.md and docs/**/*.md)")
     ap.add_argument("--check", action="store_true",
-                    help="do not write; exit 1 if README.md differs")
-    ap.add_argument("--readme", default=str(README))
+                    help="do not write; exit 1 if a file differs")
     args = ap.parse_args()
-    path = Path(args.readme)
-    text = path.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
+    differ = False
+    for path in args.files or pages():
+        text = path.read_text()
+        new = render(text, str(path))
+        if new == text:
+            continue
+        if args.check:
             print(f"{path}: figures differ from bench/results (run bench/report.py)",
                   file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        path.write_text(new)
-        print(f"{path}: rewritten from bench/results")
-    return 0
+            differ = True
+        else:
+            path.write_text(new)
+            print(f"{path}: rewritten from bench/results")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":
