@@ -74,7 +74,7 @@ setup(
                  "duckdb", "polars"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
-        # the documentation site (make docs; docs/README.md says why MkDocs),
+        # the documentation site (make docs; docs/development.md says why MkDocs),
         # pinned so that a strict build does not break on a new release
         "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8",
                  "mkdocstrings-python==2.0.11", "griffe==2.4.1",

@@ -38,8 +38,8 @@ over that window and the load average before and after (bench/harness.py).
 The modes take turns within each repetition (absent, api, sdk, absent,
 ...) so that the machine's noise falls on all of them; figures are medians
 of ``--repeat`` runs, and the overhead is the sdk median against the
-absent one. Results: bench/results/otel.json, rendered into the README's
-Monitoring section by bench/report.py.
+absent one. Results: bench/results/otel.json, rendered into docs/monitoring.md's
+cost figures by bench/report.py.
 
 Target: the SDK costs at most 2 % of consume and publish throughput.
 """

@@ -25,7 +25,7 @@ cases taking turns within each run):
   ``read_range`` through the Arrow C stream interface.
 
 The Spark cases run in one ``local[2]`` session of this process (warmed up
-once); the others each in a fresh process. The ratios the README states
+once); the others each in a fresh process. The ratios docs/spark.md states
 (write / producer, read / ceiling, duckdb / consume) are of the medians;
 ``bench/report.py`` renders them, with the targets, from
 ``bench/results/spark_io.json`` (the runs, the broker's CPU time and the
@@ -52,7 +52,7 @@ BODY = bytes(100)
 CASES = ("producer", "spark-write", "spark-read", "python-ceiling",
          "read-range", "consume", "duckdb")
 SPARK = ("spark-write", "spark-read", "python-ceiling")
-# (numerator, denominator) of the ratios the README states
+# (numerator, denominator) of the ratios docs/spark.md states
 RATIOS = (("spark-write", "producer"), ("spark-read", "python-ceiling"),
           ("duckdb", "consume"))
 

@@ -11,7 +11,7 @@ broker's CPU time over the measured window (``Window``, from /proc) and the
 load average before and after; once, the machine (CPU model, cores),
 the git commit, the installed versions of every package involved
 (importlib.metadata), the broker's version and the date.
-``bench/report.py`` renders the README's tables from those files.
+``bench/report.py`` renders the tables of README.md and docs/ from those files.
 """
 
 from __future__ import annotations

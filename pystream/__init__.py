@@ -1,6 +1,7 @@
 """pystream: the fastest way to read a RabbitMQ stream from Python.
 
-Deliver frames are decoded in C into Arrow columns; see README.md.
+Deliver frames are decoded in C into Arrow columns; the documentation is
+in docs/ (README.md links its pages).
 """
 
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema

@@ -1,5 +1,5 @@
 """qpid-proton as the oracle for AMQP 1.0: building messages section by
-section, and what README.md's rendering rules make of a value proton
+section, and what the rendering rules of docs/decoding.md make of a value proton
 decoded (the expected cell of a pystream column)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def decode(entry: bytes) -> Message:
     return message
 
 
-# --- README.md's rendering rules, from proton's values ------------------------
+# --- docs/decoding.md's rendering rules, from proton's values -----------------
 
 def iso(ms: int) -> str:
     t = dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(milliseconds=ms)
@@ -94,7 +94,7 @@ def shortest(value: float, single: bool) -> str:
 
 
 def text(value: Any) -> str | None:
-    """A map value, an id, a footer value: README's text."""
+    """A map value, an id, a footer value: docs/decoding.md's text."""
     if value is None:
         return None
     if isinstance(value, (Described, list, dict, Array)):

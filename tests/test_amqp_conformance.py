@@ -7,7 +7,7 @@ write) as the oracle, on the real brokers:
 - messages published over AMQP 1.0 into a stream queue (every property and
   header field, application properties, annotations and footers of every
   primitive and compound type, every body kind) read in pystream's columns
-  as README.md's rendering rules say of the entry proton decodes;
+  as docs/decoding.md's rendering rules say of the entry proton decodes;
 - a symbol that is not ASCII is refused before anything is sent.
 """
 

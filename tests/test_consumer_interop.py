@@ -8,7 +8,7 @@ publishes a few thousand messages with varied bodies (empty, binary, large,
 amqp-value) and properties, reads them back with ``pystream`` and checks
 every record in order: offsets 0..N-1 with no gap, the body, and every
 property, header field, annotation and application property against what
-was sent, rendered by the rules of README.md (decoder section): map values
+was sent, rendered by the rules of docs/decoding.md: map values
 and ids as text, binary as lowercase hex, timestamps ISO 8601 with
 milliseconds, uuids canonical, lists and maps as JSON.
 """
@@ -66,7 +66,7 @@ class SameFloat:
 
 
 def iso(t: dt.datetime) -> str:
-    """README: timestamps ISO 8601 UTC with milliseconds (naive = UTC)."""
+    """docs/decoding.md: timestamps ISO 8601 UTC with milliseconds (naive = UTC)."""
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
     t = t.astimezone(UTC)
@@ -164,7 +164,7 @@ def props(**fields: Any) -> dict:
 
 def header(durable=False, priority=4, ttl=None, first_acquirer=False,
            delivery_count=0) -> dict:
-    """README: absent header fields take the AMQP defaults (ttl null)."""
+    """docs/decoding.md: absent header fields take the AMQP defaults (ttl null)."""
     return {"durable": durable, "priority": priority, "ttl": ttl,
             "first_acquirer": first_acquirer, "delivery_count": delivery_count}
 
@@ -203,7 +203,7 @@ def rbfly_messages(n: int) -> tuple[list, list[dict]]:
     from rbfly.streams import Symbol
 
     def value_body(value: Any) -> bytes:
-        """README: an amqp-value string/symbol/binary gives its payload, any
+        """docs/decoding.md: an amqp-value string/symbol/binary gives its payload, any
         other value its encoding (rbfly's, without the section's 00 53 77)."""
         if isinstance(value, str):
             return value.encode()
@@ -519,7 +519,7 @@ def test_chunk_larger_than_frame_max(modern, stream_name):
 
 def test_float_rendering_as_documented(modern, stream_name):
     """Application property doubles written by rstream, rendered as the
-    README promises."""
+    documentation promises (docs/decoding.md)."""
     from rstream import AMQPMessage
 
     cases = {"hundred": (100.0, "100"), "twelve-hundred": (1200.0, "1200"),

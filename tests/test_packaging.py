@@ -434,7 +434,7 @@ def _declared_minimums() -> list[str]:
 
 
 # broker-free tests that need more than the package and pytest: the spark
-# extra, this file's renderers, the README's broker
+# extra, this file's renderers, the documentation's broker
 ORACLES = ("rbfly", "rstream", "python-qpid-proton", "opentelemetry-sdk")
 NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_readme.py")
 # `pystream bench` runs the checkout's bench/, which no installed package has

@@ -109,7 +109,7 @@ def test_points_streams_and_times(monkeypatch, large):
 def test_spark_pushes_and_answers_the_same(spark, large):
     stream, later = large
 
-    def df():  # a DataFrame per query: see the README on Spark's reuse
+    def df():  # a DataFrame per query: see docs/spark.md on Spark's reuse
         return (spark.read.format("rabbitmq_stream").option("uri", URI)
                 .option("stream", stream).load())
 
