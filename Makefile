@@ -32,7 +32,7 @@ test: build brokers docs
 # it. tests/test_readme.py runs the pages' examples, tests/test_docs.py
 # opens the site in headless Chromium.
 docs: deps
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # dist/: the sdist and a manylinux wheel (cp311-abi3) that bundles ISA-L,
 # zlib, lz4, zstd and snappy, compiled against a Debian bullseye root
