@@ -128,3 +128,15 @@ def test_commands(example, tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     check_output(example, result.stdout)
+
+
+def test_readme_links_reach_the_pages():
+    """README.md is read outside the site (on a forge, in an editor): its
+    links name files of the repository, which must exist (mkdocs --strict
+    checks the pages' own links)."""
+    text = (ROOT / "README.md").read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)]+)\)", text)
+               if "://" not in t and not t.startswith("#")]
+    assert targets
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing
