@@ -115,9 +115,16 @@ def served(site):
 def chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
     binary = shutil.which("chromium")
     assert binary, "Debian's chromium is missing: scripts/install-deps installs it"
-    # --no-sandbox: the tests run as root, where Chromium's sandbox refuses to start
+    # --no-sandbox: the tests run as root, where Chromium's sandbox refuses
+    # to start. The browser resolves no host name but the loopback server's
+    # address and runs none of its background services, so it sends nothing
+    # beyond this machine.
     return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu",
                            "--disable-dev-shm-usage", "--hide-scrollbars",
+                           "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+                           "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", "--disable-default-apps", "--no-first-run",
+                           "--no-pings", "--disable-domain-reliability",
                            f"--user-data-dir={tmp_path / 'chromium'}", *args],
                           capture_output=True, text=True, timeout=120)
 
