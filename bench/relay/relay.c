@@ -23,7 +23,8 @@
  * push back. A half-close passes through once the bytes before it left.
  *
  * SIGUSR1 prints one line "STATS {json}" (connections accepted, bytes
- * relayed each way); SIGTERM or SIGINT prints it too, then exits 0.
+ * relayed each way); SIGTERM or SIGINT prints it too, then exits 0, as
+ * does the parent's exit.
  * One thread, epoll, nonblocking sockets; a timerfd wakes the loop when
  * the next held bytes are due. */
 #define _GNU_SOURCE
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -441,6 +443,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "relay: %s: %s\n", argv[optind], gai_strerror(rc));
         return 2;
     }
+
+    /* The relay ends with the process that started it (a benchmark that was
+     * killed leaves no relay behind). */
+    pid_t parent = getppid();
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) return 0;
 
     sigset_t mask;
     sigemptyset(&mask);
