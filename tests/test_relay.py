@@ -54,9 +54,9 @@ def test_a_round_trip_takes_the_configured_time(rtt_ms):
     # Never early: each way holds the bytes for half the round trip.
     assert min(times) >= rtt_ms / 1000
     added = statistics.median(times) - direct
-    # Late by at most 5 ms (the machine is shared; the relay itself adds
-    # tens of microseconds).
-    assert rtt_ms / 1000 - 0.001 <= added <= rtt_ms / 1000 + 0.005, times
+    # Late by at most 8 ms: the relay itself adds tens of microseconds, the
+    # rest is the shared machine's scheduling (its load reaches 20).
+    assert rtt_ms / 1000 - 0.001 <= added <= rtt_ms / 1000 + 0.008, times
     assert stats["accepted"] == 5 and stats["bytes_up"] == 5 * 16
 
 
