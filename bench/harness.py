@@ -371,6 +371,10 @@ def versions() -> dict[str, str | None]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
+    # The checkout measured is imported in place: no installed metadata
+    # names it (the distribution is pystream-rabbitmq).
+    import pystream
+    out["pystream"] = pystream.__version__
     return out
 
 

@@ -23,7 +23,7 @@ def test_readme_figures_are_rendered_from_the_stored_results():
     text = (ROOT / "README.md").read_text()
     blocks = [m.group("name") for m in report.MARKER.finditer(text)]
     assert {"how-fast", "targets", "consume", "publish", "latency",
-            "decode", "otel", "spark", "spark-io"} <= set(blocks)
+            "decode", "otel", "spark", "spark-io", "distance"} <= set(blocks)
     rendered = report.render(text)
     for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered)):
         assert old.group(0) == new.group(0), (
@@ -34,7 +34,8 @@ def test_readme_figures_are_rendered_from_the_stored_results():
 
 def test_every_rendered_block_has_figures_and_the_machine():
     report = load_report()
-    for name in ("consume", "publish", "latency", "decode", "otel", "spark", "spark-io"):
+    for name in ("consume", "publish", "latency", "decode", "otel", "spark", "spark-io",
+                 "distance"):
         block = report.BLOCKS[name]()
         assert "no stored results" not in block, name
         assert re.search(r"commit `[0-9a-f]{10}`", block), name
