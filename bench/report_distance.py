@@ -83,7 +83,7 @@ def distance_block() -> str:
     verdicts: list[str] = []
     runs: list[dict] = []
     for part in ("consume", "publish"):
-        for key, entry in res.get(part, {}).items():
+        for entry in res.get(part, {}).values():
             clients = list(next(iter(entry["rtt"].values())))
             for c in clients:
                 if c in PEERS:

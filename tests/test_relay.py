@@ -40,7 +40,7 @@ def peer_properties_round_trip(host: str, port: int) -> float:
             assert part, "the broker closed the connection"
             head += part
         elapsed = time.perf_counter() - t0
-    size, key, _version, correlation = struct.unpack(">IHHI", head)
+    _size, key, _version, correlation = struct.unpack(">IHHI", head)
     assert key == 0x8000 | PEER_PROPERTIES and correlation == 7
     return elapsed
 
