@@ -11,8 +11,11 @@ SOAK_SECONDS ?= 600
 deps:
 	scripts/install-deps
 
+# The extension in place, and the delay relay tests/test_relay.py and the
+# distance benchmark put between client and broker (bench/relay).
 build: deps
 	$(PY) setup.py -q build_ext --inplace
+	$(MAKE) -s -C bench/relay
 
 brokers:
 	scripts/broker up
@@ -61,7 +64,8 @@ soak: build brokers
 
 # Decode speed (no broker), then reading and publishing end to end against
 # the modern broker beside rbfly, rstream and the C wire limits
-# (bench/wire), latency at fixed rates beside the C floor (plots in
+# (bench/wire), the same through a relay that adds 0-20 ms of round trip
+# (bench/relay), latency at fixed rates beside the C floor (plots in
 # bench/results), what the OpenTelemetry metrics cost, Spark reading a
 # stream beside Parquet; every result is stored in bench/results and the
 # README's tables are rendered from them (each script has --help).
@@ -70,6 +74,7 @@ bench: build brokers
 	$(PY) bench/bench_decode.py
 	$(PY) bench/bench_consume.py
 	$(PY) bench/bench_publish.py
+	$(PY) bench/bench_distance.py
 	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_otel.py --json bench/results/otel.json
 	$(PY) bench/bench_spark.py
@@ -77,4 +82,5 @@ bench: build brokers
 	$(PY) bench/report.py
 
 clean:
-	rm -rf build dist site *.egg-info pystream/_core.c pystream/*.so bench/wire/wire
+	rm -rf build dist site *.egg-info pystream/_core.c pystream/*.so bench/wire/wire \
+		bench/relay/relay

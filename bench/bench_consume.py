@@ -80,16 +80,26 @@ def rows(args) -> dict[str, dict]:
 # --- readers (each runs in a child process) --------------------------------------
 
 
+def through(uri: str):
+    """pystream's ``address_resolver`` sending every node to the URI's
+    address (a relay in front of the broker: bench_distance)."""
+    from pystream.pool import Endpoint
+    from pystream.uri import parse_uri
+    a = parse_uri(uri)
+    return lambda endpoint: Endpoint(a.host, a.port)
+
+
 def read_pystream(uri: str, stream: str, target: int, body_size: int,
-                  amqp: bool) -> dict:
+                  amqp: bool, via: bool = False) -> dict:
     import pystream
     n = chunks = 0
     checked = False
     window = Window()
-    with pystream.connect(uri) as client:
+    with pystream.connect(uri, address_resolver=through(uri) if via else None) as client:
         window.start()
         with client.consumer(stream, offset="first", amqp=amqp) as consumer:
             for batch in consumer:
+                window.data()
                 n += batch.num_rows
                 chunks += 1
                 PROGRESS[0] = n
@@ -117,8 +127,10 @@ def read_rbfly(uri: str, stream: str, target: int, body_size: int) -> dict:
         window = Window()
         window.start()
         async for body in client.subscribe(stream, offset=Offset.FIRST):
-            if n == 0 and len(body) != body_size:
-                raise SystemExit(f"rbfly body of {len(body)} bytes")
+            if n == 0:
+                window.data()
+                if len(body) != body_size:
+                    raise SystemExit(f"rbfly body of {len(body)} bytes")
             n += 1
             if not n & 0xFFFF:
                 PROGRESS[0] = n
@@ -129,7 +141,8 @@ def read_rbfly(uri: str, stream: str, target: int, body_size: int) -> dict:
     return asyncio.run(run())
 
 
-def read_rstream(uri: str, stream: str, target: int, body_size: int) -> dict:
+def read_rstream(uri: str, stream: str, target: int, body_size: int,
+                 via: bool = False) -> dict:
     import asyncio
 
     from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification,
@@ -142,10 +155,12 @@ def read_rstream(uri: str, stream: str, target: int, body_size: int) -> dict:
     async def run() -> dict:
         done = asyncio.Event()
         n = 0
+        window = Window()
 
         def on_message(msg: AMQPMessage, ctx: MessageContext) -> None:
             nonlocal n
             if n == 0:
+                window.data()
                 body = msg.body
                 size = len(body if isinstance(body, (bytes, bytearray))
                            else b"".join(body))
@@ -157,10 +172,12 @@ def read_rstream(uri: str, stream: str, target: int, body_size: int) -> dict:
             if n == target:
                 done.set()
 
+        # load_balancer_mode: dial the address given, never the node the
+        # broker advertises (through a relay, bench_distance)
         consumer = Consumer(a.host, a.port, username=a.username,
-                            password=a.password, vhost=a.virtual_host)
+                            password=a.password, vhost=a.virtual_host,
+                            load_balancer_mode=via)
         await consumer.start()  # connect before the clock starts
-        window = Window()
         window.start()
         await consumer.subscribe(
             stream, on_message, decoder=amqp_decoder,
@@ -171,17 +188,24 @@ def read_rstream(uri: str, stream: str, target: int, body_size: int) -> dict:
     return asyncio.run(run())
 
 
+def read(reader: str, uri: str, stream: str, target: int, size: int,
+         via: bool = False) -> dict:
+    """One reader's run; ``via``: the URI is a relay every connection must
+    go through."""
+    if reader in ("pystream", "pystream-raw"):
+        return read_pystream(uri, stream, target, size, amqp=reader == "pystream",
+                             via=via)
+    if reader == "rbfly":
+        return read_rbfly(uri, stream, target, size)
+    if reader == "rstream":
+        return read_rstream(uri, stream, target, size, via=via)
+    raise SystemExit(f"unknown reader {reader}")
+
+
 def child_main(args) -> None:
     harness.start_watchdog(args.stall)
-    reader, stream, target, size = args.child, args.stream, args.target, args.body_size
-    if reader in ("pystream", "pystream-raw"):
-        out = read_pystream(args.uri, stream, target, size, amqp=reader == "pystream")
-    elif reader == "rbfly":
-        out = read_rbfly(args.uri, stream, target, size)
-    elif reader == "rstream":
-        out = read_rstream(args.uri, stream, target, size)
-    else:
-        raise SystemExit(f"unknown reader {reader}")
+    reader, target = args.child, args.target
+    out = read(reader, args.uri, args.stream, target, args.body_size)
     if out["messages"] < target:
         raise SystemExit(f"{reader} read {out['messages']} of {target}")
     harness.child_done(out)

@@ -120,8 +120,10 @@ def body_array(n: int, size: int):
 # --- publishers (each runs in a child process) ------------------------------------
 
 
-def publish_pystream(args, clock: Window, kind: str) -> dict:
+def publish_pystream(args, clock: Window, kind: str, via: bool = False) -> dict:
     import pystream
+
+    from bench_consume import through
     n, batch = args.target, args.batch
     if kind == "pystream-arrow":
         bodies = body_array(n, args.body_size)
@@ -130,7 +132,8 @@ def publish_pystream(args, clock: Window, kind: str) -> dict:
     options = {"max_in_flight": args.in_flight}
     if kind == "pystream-raw":
         options["amqp"] = False
-    with pystream.connect(args.uri) as client:
+    with pystream.connect(args.uri,
+                          address_resolver=through(args.uri) if via else None) as client:
         gc.freeze()
         clock.start()
         producer = client.producer(args.stream, **options)
@@ -170,7 +173,7 @@ def publish_rbfly(args, clock: Window) -> dict:
     return asyncio.run(run())
 
 
-def publish_rstream(args, clock: Window, amqp: bool) -> dict:
+def publish_rstream(args, clock: Window, amqp: bool, via: bool = False) -> dict:
     import asyncio
 
     from rstream import AMQPMessage, ConfirmationStatus, Producer
@@ -205,8 +208,11 @@ def publish_rstream(args, clock: Window, amqp: bool) -> dict:
                 wake_at[0] = count
                 await wake.wait()
 
+        # load_balancer_mode: dial the address given, never the node the
+        # broker advertises (through a relay, bench_distance)
         producer = Producer(a.host, a.port, username=a.username,
-                            password=a.password, vhost=a.virtual_host)
+                            password=a.password, vhost=a.virtual_host,
+                            load_balancer_mode=via)
         await producer.start()  # connect before the clock starts
         gc.freeze()
         clock.start()
@@ -228,21 +234,22 @@ def publish_rstream(args, clock: Window, amqp: bool) -> dict:
     return asyncio.run(run())
 
 
+def publish(kind: str, args, via: bool = False) -> dict:
+    """One publisher's run; ``via``: ``args.uri`` is a relay every
+    connection must go through."""
+    clock = Window()
+    if kind in ("pystream", "pystream-arrow", "pystream-raw"):
+        return publish_pystream(args, clock, kind, via=via)
+    if kind == "rbfly":
+        return publish_rbfly(args, clock)
+    if kind in ("rstream", "rstream-raw"):
+        return publish_rstream(args, clock, amqp=(kind == "rstream"), via=via)
+    raise SystemExit(f"unknown publisher {kind}")
 
 
 def child_main(args) -> None:
-    kind = args.child
     harness.start_watchdog(args.stall)
-    clock = Window()
-    if kind in ("pystream", "pystream-arrow", "pystream-raw"):
-        out = publish_pystream(args, clock, kind)
-    elif kind == "rbfly":
-        out = publish_rbfly(args, clock)
-    elif kind in ("rstream", "rstream-raw"):
-        out = publish_rstream(args, clock, amqp=(kind == "rstream"))
-    else:
-        raise SystemExit(f"unknown publisher {kind}")
-    harness.child_done(out)
+    harness.child_done(publish(args.child, args))
 
 
 # --- the parent -------------------------------------------------------------------

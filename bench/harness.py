@@ -166,13 +166,22 @@ class Window:
     def start(self) -> None:
         gc.collect()
         self.b0 = proc_cpu(self.broker)
+        self.first_data: float | None = None
         self.cpu0, self.t0 = time.process_time(), time.perf_counter()
+
+    def data(self) -> None:
+        """Data arrived: the first call marks when the flow began (what
+        came before it is handshakes and round trips, not throughput)."""
+        if self.first_data is None:
+            self.first_data = time.perf_counter() - self.t0
 
     def stop(self, messages: int, **extra: object) -> dict:
         t1, cpu1 = time.perf_counter(), time.process_time()
         b1 = proc_cpu(self.broker)
         out = {"messages": messages, "seconds": t1 - self.t0,
                "cpu": cpu1 - self.cpu0, **extra}
+        if self.first_data is not None:
+            out["first_data"] = self.first_data
         if self.b0 is not None and b1 is not None:
             out["broker_cpu"] = b1 - self.b0
         return out
@@ -362,6 +371,10 @@ def versions() -> dict[str, str | None]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
+    # The checkout measured is imported in place: no installed metadata
+    # names it (the distribution is pystream-rabbitmq).
+    import pystream
+    out["pystream"] = pystream.__version__
     return out
 
 

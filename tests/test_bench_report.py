@@ -34,13 +34,14 @@ def test_figures_are_rendered_from_the_stored_results():
                 "what bench/report.py renders from bench/results: run bench/report.py")
         assert rendered == text
     assert {"how-fast", "targets", "consume", "publish", "latency",
-            "decode", "otel", "spark", "spark-io"} <= blocks
+            "decode", "otel", "spark", "spark-io", "distance"} <= blocks
     assert "<!-- bench:how-fast -->" in (ROOT / "README.md").read_text()  # the headline
 
 
 def test_every_rendered_block_has_figures_and_the_machine():
     report = load_report()
-    for name in ("consume", "publish", "latency", "decode", "otel", "spark", "spark-io"):
+    for name in ("consume", "publish", "latency", "decode", "otel", "spark", "spark-io",
+                 "distance"):
         block = report.BLOCKS[name]()
         assert "no stored results" not in block, name
         assert re.search(r"commit `[0-9a-f]{10}`", block), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 
 import pytest
@@ -93,3 +94,53 @@ def test_manual():
 def test_bad_policies(kwargs):
     with pytest.raises(ValueError):
         Credit(**kwargs)
+
+
+def link_flow(policy: Credit, rtt: float, chunk: int = 900_000,
+              bandwidth: float = 1e9, chunks: int = 1000) -> float:
+    """Bytes per second from the first chunk's arrival to the last one's:
+    a broker that sends a chunk per credit over a link of ``bandwidth`` and
+    ``rtt``, to an application that takes every chunk at once."""
+    c = CreditController(policy, 1 << 20)
+    events = [(rtt / 2, "credit", c.start())]   # the Subscribe's credit
+    link_free = 0.0
+    credit = sent = 0
+    arrivals: list[float] = []
+    while events:
+        now, kind, n = heapq.heappop(events)
+        if kind == "credit":
+            credit += n
+        else:
+            arrivals.append(now)
+            granted = c.arrived(chunk) + c.handed(chunk, 0.0, 1.0)
+            if granted:
+                heapq.heappush(events, (now + rtt / 2, "credit", granted))
+        while credit and sent < chunks:
+            credit -= 1
+            sent += 1
+            link_free = max(now, link_free) + chunk / bandwidth
+            heapq.heappush(events, (link_free + rtt / 2, "chunk", 0))
+    assert len(arrivals) == chunks
+    return (chunks - 1) * chunk / (arrivals[-1] - arrivals[0])
+
+
+@pytest.mark.parametrize("rtt_ms", [1, 5, 20])
+def test_adaptive_keeps_a_distant_link_full(rtt_ms):
+    """At 20 ms the bandwidth-delay product of 1 GB/s is 20 MB: the default
+    policy's 64 chunks (58 MB of the benchmark's chunks) cover it, so the
+    flow stays at the link's rate; a fixed credit of 10 chunks (the Java
+    client's default) gets 9 MB per round trip, under half of it."""
+    near = link_flow(Credit.adaptive(), 0.0001)
+    assert link_flow(Credit.adaptive(), rtt_ms / 1000) >= 0.9 * near
+    if rtt_ms == 20:
+        assert link_flow(Credit.on_arrival(10), 0.020) < 0.5 * near
+
+
+def test_small_chunks_at_a_distance_need_more_chunks_in_flight():
+    """A stream written slowly holds small chunks: 20 kB ones at 20 ms
+    fill 64 credits with 1.3 MB, 6 % of the link; the byte budget (64 MiB)
+    allows more, and ``max_outstanding`` is what lets it."""
+    near = link_flow(Credit.adaptive(), 0.0001, chunk=20_000, chunks=5000)
+    assert link_flow(Credit.adaptive(), 0.020, chunk=20_000, chunks=5000) < 0.1 * near
+    wide = Credit.adaptive(max_outstanding=2048)
+    assert link_flow(wide, 0.020, chunk=20_000, chunks=20_000) >= 0.9 * near

@@ -42,6 +42,21 @@ def test_send_batch_of_bytes(client, stream):
     assert table.column("body").to_pylist() == bodies
 
 
+def test_a_list_of_bytes_becomes_a_binary_array_without_pandas():
+    """pa.array on a list imports pandas (seconds on a busy machine) inside
+    the first send_batch; the list of bytes is joined into one buffer."""
+    from pystream.arrow import as_batch, bytes_array
+    bodies = [b"m%d" % i * (i % 5) for i in range(1000)]
+    assert bytes_array(bodies).equals(pa.array(bodies, pa.binary()))
+    assert bytes_array([b"a", None]) is None and bytes_array((b"a",)) is None
+    assert as_batch([b"a", None]).column(0).null_count == 1
+    code = ("import sys; from pystream.arrow import as_batch; "
+            "as_batch([b'x'] * 10); print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "False"
+
+
 @pytest.mark.broker
 def test_send_with_properties(client, stream):
     with client.producer(stream, batch_size=7, linger_ms=5) as producer:

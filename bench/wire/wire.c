@@ -21,7 +21,8 @@
  *       whose first int64, little-endian, is -1).
  *
  * Each prints one line "RESULT {json}" with its own wall and CPU time over
- * the measured window and, with the environment variable
+ * the measured window (consume: and "first_data", when the first chunk
+ * arrived in it) and, with the environment variable
  * WIRE_BROKER_PID, the broker process's CPU time over the same window.
  * Every frame goes out in one write: RabbitMQ 4.0.5 sometimes closes a
  * connection whose handshake frame arrives split in two TCP segments. */
@@ -337,6 +338,7 @@ static int cmd_consume(char **a, int n) {
     uint64_t rec_min = UINT64_MAX, rec_max = 0, recvs = 0;
     size_t skip = 0;   /* bytes of the current frame still to drop */
     int subscribed = 0;
+    double first_data = -1;   /* when the first chunk arrived, in the window */
     while (next_offset < count) {
         unsigned credit = 0;
         for (;;) {
@@ -356,6 +358,7 @@ static int cmd_consume(char **a, int n) {
                 if (avail < head + CHUNK_HEADER) break;
                 const uint8_t *h = f + head;
                 if (h[0] != 0x50) die("bad chunk magic %#x", h[0]);
+                if (first_data < 0) first_data = now_s(CLOCK_MONOTONIC) - w.t0;
                 credit++;
                 if (h[1] == 0) {
                     uint32_t recs = get32(h + 4);
@@ -398,10 +401,11 @@ static int cmd_consume(char **a, int n) {
            (unsigned long long)count, (unsigned long long)records);
     window_stop(&w, stdout);
     printf(", \"chunks\": %llu, \"chunk_records_min\": %llu, \"chunk_records_max\": %llu, "
-           "\"chunk_bytes_mean\": %.0f, \"recvs\": %llu, \"window\": %d}\n",
+           "\"chunk_bytes_mean\": %.0f, \"recvs\": %llu, \"window\": %d, "
+           "\"first_data\": %.6f}\n",
            (unsigned long long)chunks, (unsigned long long)(chunks ? rec_min : 0),
            (unsigned long long)rec_max, chunks ? (double)chunk_bytes / (double)chunks : 0.0,
-           (unsigned long long)recvs, window);
+           (unsigned long long)recvs, window, first_data);
     return 0;
 }
 
