@@ -95,32 +95,90 @@ def setup_mode(mode: str, interval: float) -> None:
             def shutdown(self, timeout_millis=30_000, **kwargs):
                 pass
 
-        reader = PeriodicExportingMetricReader(
-            Discard(), export_interval_millis=interval * 1000)
+        class TimedReader(PeriodicExportingMetricReader):
+            def collect(self, timeout_millis: float = 10_000) -> None:
+                t0 = time.thread_time()
+                try:
+                    super().collect(timeout_millis=timeout_millis)
+                finally:
+                    SDK_CPU[1] += time.thread_time() - t0
+
+        reader = TimedReader(Discard(), export_interval_millis=interval * 1000)
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
-def cpu_us(call, number: int = 2000, repeat: int = 15) -> float:
-    """The median CPU time of this thread per ``call()`` in µs: CPU, not
-    wall time, since the throughput runs' costs are compared as CPU and the
-    shared machine stretches wall time unevenly."""
-    times = []
-    for _ in range(repeat):
+# The SDK's work in a run, in thread CPU seconds: [pystream's per-chunk
+# hook (the counters, and the chunk_size values it records), every
+# collection and export] (sdk mode). Timed where it happens, in the run
+# itself, it is compared with the run's CPU: a share the machine's noise
+# moves far less than the throughput.
+SDK_CPU = [0.0, 0.0]
+
+
+class SdkWindow(Window):
+    """The run's window, with the SDK's work within it (a collection in
+    progress at either end counts when it ends)."""
+
+    def start(self) -> None:
+        self.sdk0 = list(SDK_CPU)
+        super().start()
+
+    def stop(self, messages: int, **extra: object) -> dict:
+        out = super().stop(messages, **extra)
+        out["sdk_hook_cpu"] = SDK_CPU[0] - self.sdk0[0]
+        out["sdk_collect_cpu"] = SDK_CPU[1] - self.sdk0[1]
+        return out
+
+
+def time_chunk_hook(metrics) -> None:
+    """Time every call of ``metrics.chunk_received`` into SDK_CPU[0]."""
+    hook = metrics.chunk_received
+
+    def timed(*args) -> None:
         t0 = time.thread_time()
-        for _ in range(number):
-            call()
-        times.append((time.thread_time() - t0) / number * 1e6)
-    return statistics.median(times)
+        hook(*args)
+        SDK_CPU[0] += time.thread_time() - t0
+    metrics.chunk_received = timed
+
+
+def cpu_us(calls: dict, number: int = 2000, repeat: int = 15,
+           between=None) -> dict[str, float]:
+    """The median CPU time of this thread per call of each of ``calls``
+    ({name: call}) in µs, the calls taking turns within each repetition so
+    that the machine's moods fall on all of them. CPU, not wall time: the
+    throughput runs' costs are compared as CPU, and the shared machine
+    stretches wall time unevenly. ``between``, untimed, runs before each
+    call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeat):
+        for name, call in calls.items():
+            spent = 0.0
+            if between is None:
+                t0 = time.thread_time()
+                for _ in range(number):
+                    call()
+                spent = time.thread_time() - t0
+            else:
+                for _ in range(number):
+                    between()
+                    t0 = time.thread_time()
+                    call()
+                    spent += time.thread_time() - t0
+            times[name].append(spent / number * 1e6)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def hook_costs(mode: str, uri: str) -> dict:
     """What each metric costs on the hot paths, measured on its own (the
     throughput runs are too noisy to resolve it): the per-chunk hook
     (``metrics.chunk_received``: three integer counters and, with an SDK,
-    the ``chunk_size`` histogram value), the histogram value alone, the
-    publisher's per-batch counters (two integers the producer bumps inline,
-    timed as a call) and, with the SDK, one collection of every instrument
-    (the lag gauge's request to the broker left out)."""
+    the ``chunk_size`` histogram value), one histogram value recorded by
+    itself, the publisher's per-batch counters (two integers the producer
+    bumps inline, timed as a call) and, with the SDK, one collection of
+    every instrument (the lag gauge's request to the broker left out).
+    The hook and the value are timed twice: back to back (the code in the
+    CPU's caches), and each after copying ``HOOK_BYTES`` (as decoding a
+    chunk does, evicting it: ``_cold``)."""
     from pystream import metrics
     from pystream.uri import parse_uri
     address = parse_uri(uri)
@@ -138,16 +196,19 @@ def hook_costs(mode: str, uri: str) -> dict:
         pub.published += PUBLISH_BATCH
         pub.written_bytes += PUBLISH_BATCH * BODY
 
-    out = {"chunk_entries": HOOK_ENTRIES, "clock": "thread CPU time, median of 15",
-           "chunk_hook_us": cpu_us(lambda: metrics.chunk_received(
-               stats, HOOK_ENTRIES, HOOK_BYTES, 50_000)),
-           "batch_hook_us": cpu_us(batch_hook),
-           "chunk_size_record_us": None, "collect_ms": None}
+    chunk = bytearray(HOOK_BYTES * 4)
+    calls = {"chunk_hook_us": lambda: metrics.chunk_received(
+                 stats, HOOK_ENTRIES, HOOK_BYTES, 50_000)}
     if inst is not None:
-        out["chunk_size_record_us"] = cpu_us(
-            lambda: inst.chunk_size.record(HOOK_ENTRIES, stats.chunk_attributes))
+        calls["chunk_size_record_us"] = lambda: inst.chunk_size.record(
+            HOOK_ENTRIES, stats.chunk_attributes)
+    out = {"chunk_entries": HOOK_ENTRIES, "clock": "thread CPU time, median of 15",
+           "chunk_size_record_us": None, "collect_ms": None,
+           **cpu_us({**calls, "batch_hook_us": batch_hook}),
+           **{f"{name[:-3]}_cold_us": us for name, us in cpu_us(
+               calls, number=256, between=lambda: bytes(chunk)).items()}}
     if reader is not None:
-        out["collect_ms"] = cpu_us(reader.get_metrics_data, number=20) / 1e3
+        out["collect_ms"] = cpu_us({"c": reader.get_metrics_data}, number=20)["c"] / 1e3
     return out
 
 
@@ -192,13 +253,15 @@ def child_main(args) -> None:
     # instruments, once in the process's life: timed here, before the
     # clock, which measures throughput.
     t0 = time.thread_time()
-    instrumented = pystream.metrics.instruments() is not None
+    inst = pystream.metrics.instruments()
     setup_ms = (time.thread_time() - t0) * 1e3
-    clock = Window()
+    if mode == "sdk":
+        time_chunk_hook(pystream.metrics)
+    clock = SdkWindow() if mode == "sdk" else Window()
     with pystream.connect(args.uri) as client:
         run = consume if args.kind == "consume" else publish
         out = run(client, args.stream, args.target, clock)
-        out["instrumented"] = instrumented
+        out["instrumented"] = inst is not None
         out["setup_ms"] = setup_ms
     harness.child_done(out)
 
@@ -271,6 +334,16 @@ def vs_absent(row: dict, mode: str) -> dict:
             "cpu_s_per_m_paired_quartiles": quartiles(cpu)}
 
 
+def sdk_share(runs: list[dict]) -> dict:
+    """The SDK's work timed within each sdk run over the run's CPU:
+    quartiles of the per-chunk hook's share, the collections', both."""
+    good = [r for r in runs if "error" not in r and r.get("cpu") and "sdk_hook_cpu" in r]
+    return {"hook": quartiles([r["sdk_hook_cpu"] / r["cpu"] for r in good]),
+            "collect": quartiles([r["sdk_collect_cpu"] / r["cpu"] for r in good]),
+            "total": quartiles([(r["sdk_hook_cpu"] + r["sdk_collect_cpu"]) / r["cpu"]
+                                for r in good])}
+
+
 def main() -> None:
     ap = harness.parser(__doc__, clients=MODES, result="otel", repeat=12)
     ap.add_argument("--rows", default=",".join(ROWS), help="consume, publish")
@@ -326,6 +399,7 @@ def main() -> None:
             row["records_per_chunk_median"] = (statistics.median(per_chunk)
                                                if per_chunk else None)
         row["vs_absent"] = {m: vs_absent(row, m) for m in modes if m != "absent"}
+        row["sdk_cpu_share"] = sdk_share(clients.get("sdk", {}).get("runs", []))
         out_rows[k] = row
 
     print(f"\n{'':10}" + "".join(f"{m:>12}" for m in modes) + f"{'sdk vs absent':>16}")
