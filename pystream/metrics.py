@@ -229,6 +229,10 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 _ready = False
+# Held while instruments are made, which takes the SDK's lock; a collection
+# holds that lock while the callbacks take _lock: one lock for both could
+# deadlock a first consumer against a collection.
+_making = threading.Lock()
 
 
 def instruments() -> _Instruments | None:
@@ -237,7 +241,7 @@ def instruments() -> _Instruments | None:
     not import OpenTelemetry."""
     global _instruments, _ready
     if not _ready:
-        with _lock:
+        with _making:
             if not _ready:
                 try:
                     from opentelemetry import metrics as otel
@@ -255,9 +259,9 @@ def set_meter_provider(provider: Any) -> None:
     global _instruments, _ready
     from opentelemetry import metrics as otel
     chosen = provider if provider is not None else otel.get_meter_provider()
-    made = _Instruments(_meter(chosen))
-    flush_chunk_sizes()  # what was received so far goes to the old provider
-    with _lock:
+    with _making:
+        made = _Instruments(_meter(chosen))
+        flush_chunk_sizes()  # what was received so far goes to the old provider
         _instruments, _ready = made, True
 
 
