@@ -20,9 +20,16 @@ against the modern broker (``--uri``):
 
 First, on its own and in thread CPU time, what each metric costs on the
 hot paths (``hook_costs``, once per mode): the per-chunk hook (three
-integer counters and, with the SDK, the ``chunk_size`` histogram value),
-the histogram value alone, the publisher's per-batch counters, and one
-collection of every instrument.
+integer counters and, with the SDK, the ``chunk_size`` values it holds and
+records in bursts), one histogram value, the publisher's per-batch
+counters, and one collection of every instrument; the hook and the value
+both back to back and after evicting the CPU's caches as a chunk's decode
+does.
+
+Then, in every sdk run, the thread CPU of each call of the per-chunk hook
+and of each collection and export, where they run: their share of the
+run's CPU (``sdk_cpu_share``), which the machine's load moves far less
+than it moves the throughput.
 
 Two rows (``--rows``):
 
