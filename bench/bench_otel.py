@@ -4,6 +4,8 @@ throughput with and without them.
     .venv/bin/python bench/bench_otel.py                        # 12 runs a mode
     .venv/bin/python bench/bench_otel.py --repeat 6 --consume-messages 5000000
     .venv/bin/python bench/bench_otel.py --rows consume --only absent,sdk --json ''
+    .venv/bin/python bench/bench_otel.py --only absent,sdk --interval 60 --repeat 6 \
+        --json bench/results/otel-60s.json      # as deployments collect
 
 What it measures
 ----------------

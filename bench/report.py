@@ -634,6 +634,23 @@ def otel_block() -> str:
                 "moves far less with the machine's load than the throughput does; "
                 "it leaves out what the SDK costs indirectly (caches, the collector "
                 "thread's wake-ups).", ""]
+    slow = load("otel-60s")
+    if slow and slow["rows"].get("consume", {}).get("sdk_cpu_share"):
+        c = slow["rows"]["consume"]
+        net = net_share(c, slow["hook_costs"].get("absent", {}).get("chunk_hook_cold_us"))
+        p = slow["rows"].get("publish", {}).get("sdk_cpu_share", {}).get("total")
+        out += [f"With a reader every {slow['sdk_export_interval_s']:g} s instead, as "
+                f"deployments collect ({slow['repeat']} runs of absent and SDK taking "
+                f"turns, `bench/results/otel-60s.json`, commit "
+                f"`{slow['machine']['commit'][:10]}`, load average "
+                f"{slow['machine']['loadavg_start'][0]:.1f}), no collection falls in a "
+                "run: the per-chunk hook took "
+                f"{share_pct(c['sdk_cpu_share']['hook'][2])} of consume CPU (runs "
+                f"{share_pct(c['sdk_cpu_share']['hook'][0])} to "
+                f"{share_pct(c['sdk_cpu_share']['hook'][4])})"
+                + (f", {share_pct(net)} less its cost without the SDK" if net is not None
+                   else "")
+                + (f", and publishing {share_pct(p[2])}" if p else "") + ".", ""]
     setups = {m: [r["setup_ms"] for row in rows.values()
                   for r in row["clients"].get(m, {}).get("runs", []) if "setup_ms" in r]
               for m in ("api", "sdk")}
