@@ -1,9 +1,11 @@
 """What pystream's OpenTelemetry metrics cost: consume and publish
 throughput with and without them.
 
-    .venv/bin/python bench/bench_otel.py                        # 5 runs a mode
-    .venv/bin/python bench/bench_otel.py --repeat 9 --consume-messages 10000000
+    .venv/bin/python bench/bench_otel.py                        # 12 runs a mode
+    .venv/bin/python bench/bench_otel.py --repeat 6 --consume-messages 5000000
     .venv/bin/python bench/bench_otel.py --rows consume --only absent,sdk --json ''
+    .venv/bin/python bench/bench_otel.py --only absent,sdk --interval 60 --repeat 6 \
+        --json bench/results/otel-60s.json      # as deployments collect
 
 What it measures
 ----------------
@@ -18,9 +20,18 @@ against the modern broker (``--uri``):
   (1 s, far more often than a real deployment's 60 s) into an exporter that
   discards what it gets: the cost of collecting, not of shipping.
 
-First, on its own, the time of the one hook per chunk (counters, and with
-the SDK the ``chunk_size`` histogram value) and of one collection of every
-instrument (``hook_costs``; the best of 5 repeats), once per mode.
+First, on its own and in thread CPU time, what each metric costs on the
+hot paths (``hook_costs``, once per mode): the per-chunk hook (three
+integer counters and, with the SDK, the ``chunk_size`` values it holds and
+records in bursts), one histogram value, the publisher's per-batch
+counters, and one collection of every instrument; the hook and the value
+both back to back and after evicting the CPU's caches as a chunk's decode
+does.
+
+Then, in every sdk run, the thread CPU of each call of the per-chunk hook
+and of each collection and export, where they run: their share of the
+run's CPU (``sdk_cpu_share``), which the machine's load moves far less
+than it moves the throughput.
 
 Two rows (``--rows``):
 
@@ -35,11 +46,13 @@ Two rows (``--rows``):
 The clock starts after connecting and stops when the last message is read
 or confirmed; each run records the process's CPU time and the broker's
 over that window and the load average before and after (bench/harness.py).
-The modes take turns within each repetition (absent, api, sdk, absent,
-...) so that the machine's noise falls on all of them; figures are medians
-of ``--repeat`` runs, and the overhead is the sdk median against the
-absent one. Results: bench/results/otel.json, rendered into docs/monitoring.md's
-cost figures by bench/report.py.
+The modes take turns within each repetition so that the machine's noise
+falls on all of them, and each repetition starts one case further on
+(``harness.interleave(rotate=True)``) so that no mode always runs first;
+figures are medians of ``--repeat`` runs, and the overhead is each sdk run
+against the absent run of its repetition (msg/s and CPU per message; the
+median and quartiles of those pairs). Results: bench/results/otel.json,
+rendered into docs/monitoring.md by bench/report.py.
 
 Target: the SDK costs at most 2 % of consume and publish throughput.
 """
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -90,37 +104,121 @@ def setup_mode(mode: str, interval: float) -> None:
             def shutdown(self, timeout_millis=30_000, **kwargs):
                 pass
 
-        reader = PeriodicExportingMetricReader(
-            Discard(), export_interval_millis=interval * 1000)
+        class TimedReader(PeriodicExportingMetricReader):
+            def collect(self, timeout_millis: float = 10_000) -> None:
+                t0 = time.thread_time()
+                try:
+                    super().collect(timeout_millis=timeout_millis)
+                finally:
+                    SDK_CPU[1] += time.thread_time() - t0
+
+        reader = TimedReader(Discard(), export_interval_millis=interval * 1000)
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
-def hook_costs(mode: str, uri: str) -> dict:
-    """The time of the per-chunk hook (``metrics.chunk_received``) and, with
-    the SDK, of one collection of every instrument: the cost the throughput
-    runs are too noisy to resolve, measured on its own."""
-    import timeit
+# The SDK's work in a run, in thread CPU seconds: [pystream's per-chunk
+# hook (the counters, and the chunk_size values it records), every
+# collection and export] (sdk mode). Timed where it happens, in the run
+# itself, it is compared with the run's CPU: a share the machine's noise
+# moves far less than the throughput.
+SDK_CPU = [0.0, 0.0]
 
+
+class SdkWindow(Window):
+    """The run's window, with the SDK's work within it (a collection in
+    progress at either end counts when it ends)."""
+
+    def start(self) -> None:
+        self.sdk0 = list(SDK_CPU)
+        super().start()
+
+    def stop(self, messages: int, **extra: object) -> dict:
+        out = super().stop(messages, **extra)
+        out["sdk_hook_cpu"] = SDK_CPU[0] - self.sdk0[0]
+        out["sdk_collect_cpu"] = SDK_CPU[1] - self.sdk0[1]
+        return out
+
+
+def time_chunk_hook(metrics) -> None:
+    """Time every call of ``metrics.chunk_received`` into SDK_CPU[0]."""
+    hook = metrics.chunk_received
+
+    def timed(*args) -> None:
+        t0 = time.thread_time()
+        hook(*args)
+        SDK_CPU[0] += time.thread_time() - t0
+    metrics.chunk_received = timed
+
+
+def cpu_us(calls: dict, number: int = 2000, repeat: int = 15,
+           between=None) -> dict[str, float]:
+    """The median CPU time of this thread per call of each of ``calls``
+    ({name: call}) in µs, the calls taking turns within each repetition so
+    that the machine's moods fall on all of them. CPU, not wall time: the
+    throughput runs' costs are compared as CPU, and the shared machine
+    stretches wall time unevenly. ``between``, untimed, runs before each
+    call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeat):
+        for name, call in calls.items():
+            spent = 0.0
+            if between is None:
+                t0 = time.thread_time()
+                for _ in range(number):
+                    call()
+                spent = time.thread_time() - t0
+            else:
+                for _ in range(number):
+                    between()
+                    t0 = time.thread_time()
+                    call()
+                    spent += time.thread_time() - t0
+            times[name].append(spent / number * 1e6)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def hook_costs(mode: str, uri: str) -> dict:
+    """What each metric costs on the hot paths, measured on its own (the
+    throughput runs are too noisy to resolve it): the per-chunk hook
+    (``metrics.chunk_received``: three integer counters and, with an SDK,
+    the ``chunk_size`` histogram value), one histogram value recorded by
+    itself, the publisher's per-batch counters (two integers the producer
+    bumps inline, timed as a call) and, with the SDK, one collection of
+    every instrument (the lag gauge's request to the broker left out).
+    The hook and the value are timed twice: back to back (the code in the
+    CPU's caches), and each after copying ``HOOK_BYTES`` (as decoding a
+    chunk does, evicting it: ``_cold``)."""
     from pystream import metrics
     from pystream.uri import parse_uri
-    stats = metrics.consumer_stats(parse_uri(uri), "hooks", None)
-    collect_ms = None
+    address = parse_uri(uri)
+    stats = metrics.consumer_stats(address, "hooks", None)
+    pub = metrics.publisher_stats(address, "hooks")
+    reader = None
     if mode == "sdk":
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    else:
-        metrics.instruments()
-    n = 20_000
-    per_chunk = min(timeit.repeat(
-        lambda: metrics.chunk_received(stats, HOOK_ENTRIES, HOOK_BYTES, 50_000),
-        number=n, repeat=5)) / n
-    if mode == "sdk":
-        collect_ms = min(timeit.repeat(reader.get_metrics_data, number=20,
-                                       repeat=5)) / 20 * 1e3
-    return {"chunk_hook_us": per_chunk * 1e6, "collect_ms": collect_ms,
-            "chunk_entries": HOOK_ENTRIES}
+    inst = metrics.instruments()
+
+    def batch_hook() -> None:
+        pub.published += PUBLISH_BATCH
+        pub.written_bytes += PUBLISH_BATCH * BODY
+
+    chunk = bytearray(HOOK_BYTES * 4)
+    calls = {"chunk_hook_us": lambda: metrics.chunk_received(
+                 stats, HOOK_ENTRIES, HOOK_BYTES, 50_000)}
+    if inst is not None:
+        calls["chunk_size_record_us"] = lambda: inst.chunk_size.record(
+            HOOK_ENTRIES, stats.chunk_attributes)
+    out = {"chunk_entries": HOOK_ENTRIES, "clock": "thread CPU time, median of 15",
+           "chunk_size_record_us": None, "collect_ms": None,
+           **cpu_us({**calls, "batch_hook_us": batch_hook}),
+           **{f"{name[:-3]}_cold_us": us for name, us in cpu_us(
+               calls, number=256, between=lambda: bytes(chunk)).items()}}
+    if reader is not None:
+        out["collect_ms"] = cpu_us({"c": reader.get_metrics_data}, number=20)["c"] / 1e3
+    return out
 
 
 def consume(client, stream: str, target: int, clock: Window) -> dict:
@@ -160,11 +258,20 @@ def child_main(args) -> None:
         harness.child_done(hook_costs(mode, args.uri))
     import pystream
     harness.start_watchdog(args.stall)
-    clock = Window()
+    # The first consumer or producer imports OpenTelemetry and makes the
+    # instruments, once in the process's life: timed here, before the
+    # clock, which measures throughput.
+    t0 = time.thread_time()
+    inst = pystream.metrics.instruments()
+    setup_ms = (time.thread_time() - t0) * 1e3
+    if mode == "sdk":
+        time_chunk_hook(pystream.metrics)
+    clock = SdkWindow() if mode == "sdk" else Window()
     with pystream.connect(args.uri) as client:
         run = consume if args.kind == "consume" else publish
         out = run(client, args.stream, args.target, clock)
-        out["instrumented"] = pystream.metrics.instruments() is not None
+        out["instrumented"] = inst is not None
+        out["setup_ms"] = setup_ms
     harness.child_done(out)
 
 
@@ -203,25 +310,53 @@ def otel_versions() -> dict[str, str | None]:
     return out
 
 
+def quartiles(xs: list[float]) -> list[float] | None:
+    """[lowest, first quartile, median, third quartile, highest]."""
+    if not xs:
+        return None
+    if len(xs) == 1:
+        return xs * 5
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return [min(xs), q1, q2, q3, max(xs)]
+
+
 def vs_absent(row: dict, mode: str) -> dict:
     """sdk (or api) against absent, as fractions: the medians' msg/s and CPU
-    per message, and the median of the repetitions' paired msg/s ratios."""
+    per message, and the repetitions' paired changes (each run against the
+    absent run of its repetition) with their quartiles."""
     a = row["clients"].get("absent", {}).get("summary")
     m = row["clients"].get(mode, {}).get("summary")
     if not (a and m):
         return {}
-    pairs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
-             for x, y in zip(row["clients"][mode]["runs"], row["clients"]["absent"]["runs"])
+    pairs = [(x, y) for x, y in zip(row["clients"][mode]["runs"],
+                                    row["clients"]["absent"]["runs"])
              if "error" not in x and "error" not in y]
+    rate = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"]) - 1
+            for x, y in pairs]
+    cpu = [x["cpu"] / x["messages"] / (y["cpu"] / y["messages"]) - 1
+           for x, y in pairs if x.get("cpu") and y.get("cpu")]
     return {"msg_per_s": m["msg_per_s_median"] / a["msg_per_s_median"] - 1,
-            "msg_per_s_paired": statistics.median(pairs) - 1 if pairs else None,
-            "cpu_s_per_m": m["cpu_s_per_m_median"] / a["cpu_s_per_m_median"] - 1}
+            "msg_per_s_paired": statistics.median(rate) if rate else None,
+            "msg_per_s_paired_quartiles": quartiles(rate),
+            "cpu_s_per_m": m["cpu_s_per_m_median"] / a["cpu_s_per_m_median"] - 1,
+            "cpu_s_per_m_paired": statistics.median(cpu) if cpu else None,
+            "cpu_s_per_m_paired_quartiles": quartiles(cpu)}
+
+
+def sdk_share(runs: list[dict]) -> dict:
+    """The SDK's work timed within each sdk run over the run's CPU:
+    quartiles of the per-chunk hook's share, the collections', both."""
+    good = [r for r in runs if "error" not in r and r.get("cpu") and "sdk_hook_cpu" in r]
+    return {"hook": quartiles([r["sdk_hook_cpu"] / r["cpu"] for r in good]),
+            "collect": quartiles([r["sdk_collect_cpu"] / r["cpu"] for r in good]),
+            "total": quartiles([(r["sdk_hook_cpu"] + r["sdk_collect_cpu"]) / r["cpu"]
+                                for r in good])}
 
 
 def main() -> None:
-    ap = harness.parser(__doc__, clients=MODES, result="otel")
+    ap = harness.parser(__doc__, clients=MODES, result="otel", repeat=12)
     ap.add_argument("--rows", default=",".join(ROWS), help="consume, publish")
-    ap.add_argument("--consume-messages", type=int, default=5_000_000)
+    ap.add_argument("--consume-messages", type=int, default=10_000_000)
     ap.add_argument("--publish-messages", type=int, default=1_000_000)
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the periodic reader's interval in sdk mode (s)")
@@ -254,7 +389,7 @@ def main() -> None:
         runs = harness.interleave(
             args.repeat, cases, lambda case: one_run(args, case[0], case[1],
                                                      targets[case[0]]),
-            label=lambda case: f"{case[0]} {case[1]}")
+            label=lambda case: f"{case[0]} {case[1]}", rotate=True)
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(CONSUME_STREAM,
                                                           missing_ok=True))
@@ -273,6 +408,7 @@ def main() -> None:
             row["records_per_chunk_median"] = (statistics.median(per_chunk)
                                                if per_chunk else None)
         row["vs_absent"] = {m: vs_absent(row, m) for m in modes if m != "absent"}
+        row["sdk_cpu_share"] = sdk_share(clients.get("sdk", {}).get("runs", []))
         out_rows[k] = row
 
     print(f"\n{'':10}" + "".join(f"{m:>12}" for m in modes) + f"{'sdk vs absent':>16}")
@@ -283,7 +419,7 @@ def main() -> None:
         change = row["vs_absent"].get("sdk", {}).get("msg_per_s")
         print(f"{k:10}{cells}{'' if change is None else f'{change:+.1%}':>16}")
     harness.write_results(args.json, info, {
-        "benchmark": "otel", "repeat": args.repeat,
+        "benchmark": "otel", "repeat": args.repeat, "order": "rotated",
         "sdk_export_interval_s": args.interval, "hook_costs": hooks,
         "rows": out_rows})
 

@@ -314,13 +314,19 @@ def describe(res: dict) -> str:
 
 
 def interleave(repeat: int, cases: list, run: Callable[[object], dict],
-               label: Callable[[object], str] = str) -> dict[int, list[dict]]:
+               label: Callable[[object], str] = str, *,
+               rotate: bool = False) -> dict[int, list[dict]]:
     """Each case once per repetition, in turn: {case index: [runs]}. A
     failed run is tried once more (other users of the shared broker may
-    close its connections); the failure stays in the record."""
+    close its connections); the failure stays in the record. With
+    ``rotate``, repetition r starts at case r (mod the count): each case
+    takes each place in turn, so that none always runs first (after the
+    previous repetition's last) or always last."""
     runs: dict[int, list[dict]] = {i: [] for i in range(len(cases))}
     for rep in range(repeat):
-        for i, case in enumerate(cases):
+        shift = rep % len(cases) if rotate and cases else 0
+        for i in [*range(shift, len(cases)), *range(shift)]:
+            case = cases[i]
             res = run(case)
             if "error" in res:
                 print(f"run {rep + 1}/{repeat} {label(case):<40} {describe(res)}; "

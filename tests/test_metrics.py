@@ -129,6 +129,44 @@ def test_publish_and_consume_counters_equal_the_records(reader, modern,
         assert sum(v for _, v in data["rabbitmq.stream.connections"]) >= 2
 
 
+def test_chunk_sizes_held_in_bursts_export_as_one_value_per_chunk(reader):
+    """chunk_received holds the chunk_size values and records them in
+    bursts; every collection records what is held first, so each one
+    exports what a value recorded per chunk would: count, sum, min, max,
+    even while a reader thread races the collections."""
+    import threading
+
+    stats = metrics.consumer_stats(parse_uri(MODERN_URI), "held-sizes", None)
+    chunks = stats.chunks
+    sizes = [1 + (i * 37) % 9000 for i in range(metrics.CHUNK_SIZE_BURST * 3 + 5)]
+
+    def point():
+        for resource in reader.get_metrics_data().resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for p in metric.data.data_points:
+                        if (metric.name == "rabbitmq.stream.chunk_size" and
+                                p.attributes["messaging.destination.name"] == "held-sizes"):
+                            return p.count, p.sum, p.min, p.max
+        return 0, 0, None, None
+
+    for n in (3, metrics.CHUNK_SIZE_BURST + 1, len(sizes)):   # below, past a burst
+        for entries in sizes[point()[0]:n]:
+            metrics.chunk_received(stats, entries, 100, 10)
+        assert point() == (n, sum(sizes[:n]), min(sizes[:n]), max(sizes[:n]))
+
+    more = [7] * 5000
+    feeder = threading.Thread(target=lambda: [
+        metrics.chunk_received(stats, e, 100, 10) for e in more])
+    feeder.start()
+    while feeder.is_alive():
+        point()
+    feeder.join()
+    total = sizes + more
+    assert point() == (len(total), sum(total), min(total), max(total))
+    assert stats.chunks - chunks == len(total)
+
+
 @pytest.mark.broker
 def test_filtered_records_are_counted(reader, modern, modern_stream):
     s = modern_stream
