@@ -341,7 +341,7 @@ class Consumer(Subscriptions):
         queued is joined: nothing waits for more."""
         first = self._hand(item, sends, max_rows)
         parts = [first] if first is not None and first.num_rows else []
-        rows = len(first) if parts else 0
+        rows = parts[0].num_rows if parts else 0
         size = item.chunk.size  # type: ignore[union-attr]
         limit_rows = min(x for x in (max_rows, self.max_batch_rows, 1 << 62)
                          if x is not None)
