@@ -27,8 +27,9 @@ class Sink:
     def __init__(self) -> None:
         self.stream = "fuzz"
 
-    def on_chunk(self, chunk) -> None:
-        chunk.batch.validate(full=True)
+    def on_chunks(self, chunks) -> None:
+        for chunk in chunks:
+            chunk.batch.validate(full=True)
 
     def on_chunk_error(self, error) -> None:
         pass

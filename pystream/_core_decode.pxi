@@ -224,6 +224,12 @@ def decode(buffer, *, crc=True, amqp=True, start_offset=0, columns=None,
 
 # --- streaming decoder --------------------------------------------------------
 
+# Smaller Deliver frames decode with the GIL held: their decode takes a few
+# microseconds, less than handing the GIL to another thread and waiting to
+# get it back (up to the 5 ms switch interval if that thread keeps it).
+cdef enum:
+    NOGIL_FRAME = 64 * 1024
+
 cdef class Chunk:
     """One decoded Deliver frame of a subscription."""
     cdef readonly int subscription_id
@@ -306,7 +312,12 @@ cdef class StreamDecoder(FrameReader):
             if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
                 raise_error(&err)
             self.busy = True
-            with nogil:
+            if n >= NOGIL_FRAME:
+                with nogil:
+                    clock_gettime(CLOCK_MONOTONIC, &t0)
+                    rc = ps_chunk_decode(&c, &builder.b, &err)
+                    clock_gettime(CLOCK_MONOTONIC, &t1)
+            else:
                 clock_gettime(CLOCK_MONOTONIC, &t0)
                 rc = ps_chunk_decode(&c, &builder.b, &err)
                 clock_gettime(CLOCK_MONOTONIC, &t1)

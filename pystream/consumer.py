@@ -29,11 +29,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pystream.consumer")
 
+# Without batch limits, queued chunks join into one batch while it stays
+# under this many rows (see Consumer._take).
+JOIN_ROWS = 1024
+
 
 class Consumer(Subscriptions):
     """Reads one stream, or every partition of a super stream.
 
-    Iterate it for ``pyarrow.RecordBatch`` es (one per chunk, or coalesced to
+    Iterate it for ``pyarrow.RecordBatch`` es (one per chunk, small chunks
+    already queued joined up to ``JOIN_ROWS`` rows, or coalesced to
     ``max_batch_rows`` / ``max_batch_bytes``); ``batches(timeout)`` stops
     after ``timeout`` seconds without data; ``read(max_rows, timeout)``
     returns a ``pyarrow.Table``; ``messages()`` yields per-record views.
@@ -285,10 +290,15 @@ class Consumer(Subscriptions):
                 item = self._head(deadline)
                 if item is None:
                     return None
-                batch = self._take(item, sends, max_rows)
+                parts = self._take(item, sends, max_rows)
             for sub, n in sends:
                 self._send_credit(sub, n)
-            if batch is not None:
+            if parts:
+                # Joined outside the lock: the reader threads queue meanwhile.
+                batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+                if self.super_stream is not None:
+                    batch = batch.replace_schema_metadata(
+                        {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
                 return batch
 
     def _head(self, deadline: float | None) -> Queued | None:
@@ -320,35 +330,43 @@ class Consumer(Subscriptions):
                 item.sub.stats.filtered += rows - item.batch.num_rows  # type: ignore[union-attr]
 
     def _take(self, item: Queued, sends: list,
-              max_rows: int | None) -> pa.RecordBatch | None:
-        """Hand rows from the head of the queue (coalescing queued chunks of
-        the same stream up to the batch limits); None if it held none."""
+              max_rows: int | None) -> list[pa.RecordBatch]:
+        """Hand rows from the head of the queue, and the chunks of the same
+        stream queued behind it up to the batch limits: the parts of the
+        next batch (none if they held no rows).
+
+        Without ``max_batch_rows`` / ``max_batch_bytes``, whole chunks
+        queued behind the head join it while the batch stays under
+        ``JOIN_ROWS``: a backlog of small chunks (a low publishing rate, a
+        consumer that fell behind) then costs one batch, not one per chunk,
+        and large chunks still come one per batch, uncopied. Only what is
+        queued is joined: nothing waits for more."""
         first = self._hand(item, sends, max_rows)
         parts = [first] if first is not None and first.num_rows else []
-        rows = sum(p.num_rows for p in parts)
-        size = sum(p.nbytes for p in parts)
+        rows = parts[0].num_rows if parts else 0
+        size = item.chunk.size  # type: ignore[union-attr]
         limit_rows = min(x for x in (max_rows, self.max_batch_rows, 1 << 62)
                          if x is not None)
-        coalescing = self.max_batch_rows or self.max_batch_bytes
-        while coalescing and self._queue and rows < limit_rows:
+        limited = self.max_batch_rows is not None or self.max_batch_bytes is not None
+        while self._queue and rows < limit_rows:
             nxt = self._queue[0]
             if nxt.sub is not item.sub:  # another stream, or the end
                 break
-            if (self.max_batch_bytes is not None and parts
-                    and size + nxt.chunk.size > self.max_batch_bytes):  # type: ignore[union-attr]
-                break
-            more = self._hand(nxt, sends, limit_rows - rows)
+            take: int | None = limit_rows - rows
+            if limited:
+                if (self.max_batch_bytes is not None and parts
+                        and size + nxt.chunk.size > self.max_batch_bytes):  # type: ignore[union-attr]
+                    break
+            else:
+                take = None  # whole chunks only
+                if rows + nxt.batch.num_rows - nxt.handed > min(limit_rows, JOIN_ROWS):  # type: ignore[union-attr]
+                    break
+            more = self._hand(nxt, sends, take)
+            size += nxt.chunk.size  # type: ignore[union-attr]
             if more is not None and more.num_rows:
                 parts.append(more)
                 rows += more.num_rows
-                size += more.nbytes
-        if not parts:
-            return None
-        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        if self.super_stream is not None:
-            batch = batch.replace_schema_metadata(
-                {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
-        return batch
+        return parts
 
     def _hand(self, item: Queued, sends: list,
               max_rows: int | None) -> pa.RecordBatch | None:

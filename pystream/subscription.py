@@ -135,8 +135,8 @@ class Subscription:
 
     # --- SubscriptionSink (reader thread) -----------------------------------
 
-    def on_chunk(self, chunk: Chunk) -> None:
-        self.consumer._chunk_arrived(self, chunk)
+    def on_chunks(self, chunks: list[Chunk]) -> None:
+        self.consumer._chunks_arrived(self, chunks)
 
     def on_chunk_error(self, error: StreamError) -> None:
         self.consumer._end(error, after_queue=True)
@@ -213,23 +213,27 @@ class Subscriptions:
 
     # --- the reader threads' side -------------------------------------------
 
-    def _chunk_arrived(self, sub: Subscription, chunk: Chunk) -> None:
+    def _chunks_arrived(self, sub: Subscription, chunks: list[Chunk]) -> None:
+        """Queue what one read brought: one lock and one wake-up for all."""
+        n = 0
         with self._cond:
             if not sub.live or not sub.active:
                 return
-            sub.received = max(sub.received or 0, chunk.next_offset)
+            for chunk in chunks:
+                sub.received = max(sub.received or 0, chunk.next_offset)
+                if chunk.committed_chunk_id is not None:
+                    sub.committed_chunk_id = chunk.committed_chunk_id
+                n += sub.credit.arrived(chunk.size)
+                self._queue.append(Queued(sub, chunk))
             sub.last_arrival = time.monotonic()
-            if chunk.committed_chunk_id is not None:
-                sub.committed_chunk_id = chunk.committed_chunk_id
-            n = sub.credit.arrived(chunk.size)
-            self._queue.append(Queued(sub, chunk))
             self._notify()
         # Credit first: the histogram value the metrics hook records with an
         # SDK takes microseconds the broker need not wait for.
         if n:
             self._send_credit(sub, n)
-        metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
-                               chunk.decode_ns)
+        for chunk in chunks:
+            metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
+                                   chunk.decode_ns)
 
     def _notify(self) -> None:
         self._cond.notify_all()

@@ -106,6 +106,52 @@ def test_coalesced_batches(client, filled):
     assert sum(sizes) == N and max(sizes) <= 2000
 
 
+def test_a_record_is_handed_without_waiting_for_more(client, stream):
+    """One record published into a quiet stream reaches the application on
+    its own: nothing waits to fill a batch, a timer or more credit."""
+    with client.consumer(stream, offset="next") as consumer:
+        start = time.monotonic()
+        publish(client, stream, [amqp_message(b"alone")])
+        batch = next(consumer.batches(timeout=10))
+        waited = time.monotonic() - start
+    assert batch.column("body").to_pylist() == [b"alone"]
+    assert waited < 5  # the machine is shared: seconds, not a timer's ms
+
+
+def test_queued_small_chunks_join_into_one_batch(client, stream):
+    for i in range(20):  # twenty publishes, twenty chunks
+        publish(client, stream, [amqp_message(b"%d" % i)])
+    with client.consumer(stream, offset="first") as consumer:
+        deadline = time.monotonic() + 10
+        while len(consumer._queue) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)  # all queued: the application fell behind
+        sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
+        assert consumer.position == 20
+    assert sizes == [20]
+
+
+def test_large_chunks_stay_one_batch_each(client, stream, monkeypatch):
+    from pystream.consumer import JOIN_ROWS, Consumer
+    chunks: list[int] = []
+    arrived = Consumer._chunks_arrived
+
+    def counting(self, sub, got):
+        chunks.extend(c.num_records for c in got)
+        return arrived(self, sub, got)
+
+    monkeypatch.setattr(Consumer, "_chunks_arrived", counting)
+    n = 4 * JOIN_ROWS
+    publish(client, stream, [amqp_message(b"x" * 10)] * n, batch=n)
+    with client.consumer(stream, offset="first") as consumer:
+        time.sleep(0.5)
+        sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
+    assert sum(sizes) == n
+    # A chunk over JOIN_ROWS is a batch of its own, as it came (not a copy
+    # joined with others), and no batch over JOIN_ROWS holds several.
+    assert (sorted(s for s in sizes if s > JOIN_ROWS)
+            == sorted(c for c in chunks if c > JOIN_ROWS))
+
+
 def test_named_consumer_stores_and_resumes(client, filled):
     with client.consumer(filled, offset="first", name="app") as consumer:
         assert consumer.read(1234, timeout=10).num_rows == 1234

@@ -64,13 +64,13 @@ def chunks_read(monkeypatch, options: dict, filters: list) -> tuple[int, int, li
     """Chunks received and rows read by a batch read with ``filters``
     pushed, in this process; the filters left to Spark."""
     counted = [0]
-    arrived = Consumer._chunk_arrived
+    arrived = Consumer._chunks_arrived
 
-    def counting(self, sub, chunk):
-        counted[0] += 1
-        return arrived(self, sub, chunk)
+    def counting(self, sub, chunks):
+        counted[0] += len(chunks)
+        return arrived(self, sub, chunks)
 
-    monkeypatch.setattr(Consumer, "_chunk_arrived", counting)
+    monkeypatch.setattr(Consumer, "_chunks_arrived", counting)
     source = RabbitMQStreamDataSource({"uri": URI, **options})
     reader = _PushingBatchReader(_Config.parse(source.options, streaming=False),
                                  source.schema())
