@@ -162,6 +162,7 @@ class Partition(Soak):
     def run(self) -> PartitionReport:  # type: ignore[override]
         report = PartitionReport(self.seconds, self.rate, case=self.case)
         netfault.heal()
+        self.await_nodes()
         # The stream, its leader on net1 (client-local) and both replicas
         # up, before the soak's actors start.
         with pystream.connect(self.uri, connect_timeout=5) as admin:
@@ -186,6 +187,20 @@ class Partition(Soak):
         report.timeline = [(t, int(confirms[t]), int(received[t])) for t in range(seconds)]
         return report
 
+    def await_nodes(self, wait: float = 180) -> None:
+        """Until every node serves stream connections: the last case's heal
+        may have one restart its app (autoheal)."""
+        deadline = time.monotonic() + wait
+        for node in netfault.NODES:
+            while True:
+                try:
+                    with pystream.connect(netfault.uri(node), connect_timeout=5):
+                        break
+                except pystream.StreamError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1)
+
     def await_replicas(self, admin: pystream.Client, wait: float = 60) -> None:
         """Until metadata names the leader and both replicas."""
         deadline = time.monotonic() + wait
@@ -196,6 +211,21 @@ class Partition(Soak):
             if time.monotonic() > deadline:
                 raise AssertionError(f"stream {self.stream}: {info} after {wait} s")
             time.sleep(0.5)
+
+    def _delete_stream(self, options: dict) -> None:
+        """From any node that answers: the heal may have the losing side
+        (net1, often) restart its app just then (autoheal)."""
+        deadline = time.monotonic() + 120
+        while True:
+            for node in netfault.NODES:
+                try:
+                    with pystream.connect(netfault.uri(node), **options) as admin:
+                        admin.delete_stream(self.stream, missing_ok=True)
+                    return
+                except pystream.StreamError:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(1)
 
     def _recovery_times(self, report: SoakReport) -> None:
         assert isinstance(report, PartitionReport)

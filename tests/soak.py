@@ -276,11 +276,14 @@ class Soak:
                 actor.join(timeout=400)
         report.published = self.published
         self._recovery_times(report)
-        with pystream.connect(self.uri, **options) as admin:
-            admin.delete_stream(self.stream, missing_ok=True)
+        self._delete_stream(options)
         if self.errors:
             raise self.errors[0]
         return report
+
+    def _delete_stream(self, options: dict) -> None:
+        with pystream.connect(self.uri, **options) as admin:
+            admin.delete_stream(self.stream, missing_ok=True)
 
     def _guard(self, target, *args) -> None:
         try:
