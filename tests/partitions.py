@@ -65,6 +65,9 @@ class PartitionReport(SoakReport):
     producer_after_heal: float | None = None
     consumer_after_heal: float | None = None
     leaders: list[tuple[float, str, str | None]] = field(default_factory=list)
+    # Sends whose futures failed: how many records, and the first errors.
+    failed_records: int = 0
+    publish_errors: list[str] = field(default_factory=list)
     # Per second since the start: confirms (callbacks) and batches received.
     timeline: list[tuple[int, int, int]] = field(default_factory=list)
 
@@ -81,6 +84,8 @@ class Partition(Soak):
         self.leaders: list[tuple[float, str, str | None]] = []  # time, asked, leader
         self.polling = threading.Event()
         self.pollers: list[threading.Thread] = []
+        self.failed_records = 0
+        self.publish_errors: list[str] = []
 
     # --- who leads, as each node says --------------------------------------
 
@@ -113,6 +118,14 @@ class Partition(Soak):
         """The leader the latest answer named."""
         named = [leader for _, _, leader in self.leaders if leader]
         return named[-1] if named else None
+
+    def on_confirm(self, future, first: int, count: int) -> None:
+        error = future.exception()
+        if error is not None:
+            self.failed_records += count
+            if len(self.publish_errors) < 5:
+                self.publish_errors.append(f"{self.now():.1f} s: {error!r}")
+        super().on_confirm(future, first, count)
 
     # --- the faults ----------------------------------------------------------
 
@@ -165,10 +178,7 @@ class Partition(Soak):
         self.await_nodes()
         # The stream, its leader on net1 (client-local) and both replicas
         # up, before the soak's actors start.
-        with pystream.connect(self.uri, connect_timeout=5) as admin:
-            admin.create_stream(self.stream)
-            self.await_replicas(admin)
-            report.broker = admin.server_properties.get("version", "?")
+        report.broker = self.create_stream()
         recoveries = _Recoveries(self)
         logging.getLogger("pystream").addHandler(recoveries)
         logging.getLogger("pystream").setLevel(logging.INFO)
@@ -181,11 +191,29 @@ class Partition(Soak):
                 poller.join(timeout=10)
             netfault.heal()
         report.leaders = self.leaders
+        report.failed_records = self.failed_records
+        report.publish_errors = self.publish_errors
         seconds = int(max([self.seconds, *self.confirmed_at, *self.received_at])) + 1
         confirms = np.bincount(np.array(self.confirmed_at, int), minlength=seconds)
         received = np.bincount(np.array(self.received_at, int), minlength=seconds)
         report.timeline = [(t, int(confirms[t]), int(received[t])) for t in range(seconds)]
         return report
+
+    def create_stream(self, wait: float = 180) -> str:
+        """Create the stream through net1 and wait for its replicas; the
+        broker's version. Tried again while net1 restarts (autoheal, after
+        the last case's heal, may restart it even after it served)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                with pystream.connect(self.uri, connect_timeout=5) as admin:
+                    admin.create_stream(self.stream, exist_ok=True)
+                    self.await_replicas(admin)
+                    return admin.server_properties.get("version", "?")
+            except pystream.StreamError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
 
     def await_nodes(self, wait: float = 180) -> None:
         """Until every node serves stream connections: the last case's heal
@@ -255,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("case", choices=CASES)
     ap.add_argument("--json", help="write the report there")
     args = ap.parse_args(argv)
+    # pystream's recoveries (and why they failed), on stderr, timed.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     report = Partition(args.case).run()
     print(report.summary())
     print(f"leader {report.old_leader} -> {report.new_leader} after "
