@@ -266,7 +266,8 @@ class Partition(Soak):
         if after:
             report.new_leader_after = after[0][0] - cut.at
             report.new_leader = after[0][1]
-        end = self.seconds
+        # Up to the last event, the flush and the drain after the run included.
+        end = float("inf")
         report.producer_stall = _longest_gap(self.confirmed_at, cut.at, end)
         report.consumer_stall = _longest_gap(self.received_at, cut.at, end)
         report.producer_after_heal = _first_after(self.confirmed_at, healed)
