@@ -35,12 +35,24 @@ RESULTS: dict[str, dict[str, Any]] = {}
 def netcluster() -> Iterator[None]:
     """The netcluster for this module only: three Erlang nodes on two shared
     cores, and namespaces nothing else needs."""
+    machine = harness().machine(None)  # the load at the start
     try:
         run_broker("up", "netcluster")
         yield
     finally:
         run_broker("down", "netcluster")
-    store_results()
+    store_results(machine)
+
+
+def harness() -> Any:
+    """bench/harness.py, whose result writer records commit, versions and
+    machine."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import harness as module
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return module
 
 
 def run_case(case: str, tmp_path) -> dict[str, Any]:
@@ -50,6 +62,7 @@ def run_case(case: str, tmp_path) -> dict[str, Any]:
          "tests.partitions", case, "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT, check=False)
     print(done.stdout)
+    print(done.stderr[-20000:])
     assert done.returncode == 0, f"{case}: exit {done.returncode}\n{done.stderr[-4000:]}"
     return json.loads(out.read_text())
 
@@ -74,25 +87,20 @@ def test_every_confirmed_record_read_once_in_order_across_a_partition(
         assert r["new_leader"] not in (None, r["old_leader"]), r["leaders"]
 
 
-def store_results() -> None:
-    """bench/results/partitions.json (or PYSTREAM_PARTITION_RESULTS), through
-    the harness's writer so that commit, versions and machine are recorded."""
+def store_results(info: dict[str, Any]) -> None:
+    """The figures, into PYSTREAM_PARTITION_RESULTS (make partitions:
+    bench/results/partitions.json) when every case ran, through the
+    harness's writer."""
     path = os.environ.get("PYSTREAM_PARTITION_RESULTS")
     if not path or set(RESULTS) != set(CASES):
         return
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    info = harness.machine(None)
     info["broker"] = RESULTS[CASES[0]]["broker"]
     info["broker_address"] = "netcluster (3 nodes, network namespaces)"
     keep = ("seconds", "rate", "published", "confirmed", "consumed", "lost",
             "duplicates", "out_of_order", "body_mismatches", "old_leader",
             "new_leader", "new_leader_after", "producer_stall", "consumer_stall",
-            "producer_after_heal", "consumer_after_heal", "faults", "cut_seconds")
-    harness.write_results(path, info, {"cases": {
+            "producer_after_heal", "consumer_after_heal", "faults")
+    harness().write_results(path, info, {"cases": {
         case: {k: RESULTS[case].get(k) for k in keep} for case in CASES}})
 
 
