@@ -5,9 +5,9 @@
 
 Every figure of the README's "How fast" and "Benchmarks" sections (and the
 decode table of "Decoding Deliver frames", the Spark read, write and DuckDB
-figures of "Spark", the metrics' cost in "Monitoring") sits between a pair of marker
-comments, ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, and is
-written here from bench/results/*.json; nothing between them is typed by
+figures of "Spark", the metrics' cost in "Monitoring", the partition table
+of "Reliability") sits between a pair of marker comments,
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, and is written here from bench/results/*.json; nothing between them is typed by
 hand. tests/test_bench_report.py re-renders them and fails on any
 difference. Ratios are of medians; a target is "met" only when the
 measured ratio reaches it.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -63,7 +64,6 @@ def med(summary: dict | None) -> float | None:
 def paired(row: dict, name: str, ref: str) -> float | None:
     """The median over the repetitions of name's rate over ref's in the same
     repetition (the two ran back to back, under the same load)."""
-    import statistics
     a = row["clients"].get(name, {}).get("runs", [])
     b = row["clients"].get(ref, {}).get("runs", [])
     xs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
@@ -652,10 +652,53 @@ def spark_io_block() -> str:
     return "\n".join(out) + "\n"
 
 
+# The cases of tests/partitions.py, in its order, as the table names them.
+PARTITION_CASES = {
+    "leader": "the leader cut off from the other two nodes",
+    "client": "the client cut off from the leader (not from the replicas)",
+    "one-way": "the leader's packets to the other two dropped (theirs arrive)",
+    "flapping": "the leader cut off from everyone, again and again",
+}
+
+
+def seconds(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f} s"
+
+
+def spaced(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+def partitions_block() -> str:
+    res = load("partitions")
+    if not res:
+        return "(no stored results: run `make partitions`)\n"
+    out = ["| partition | cut | new leader | producer confirms again | "
+           "consumer reads again | confirmed | lost | duplicated | out of order |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for case, what in PARTITION_CASES.items():
+        r = res["cases"].get(case)
+        if r is None:
+            continue
+        faults = r["faults"]
+        cut = (f"{faults[0]['took']:.0f} s" if len(faults) == 1 else
+               f"{len(faults)} x {statistics.median(f['took'] for f in faults):.0f} s")
+        leader = (f"{r['new_leader']} after {r['new_leader_after']:.1f} s"
+                  if r["new_leader"] else f"none ({r['old_leader']} stays)")
+        out.append(
+            f"| {what} | {cut} | {leader} | {seconds(r['producer_stall'])} "
+            f"({seconds(r['producer_after_heal'])} after the heal) | "
+            f"{seconds(r['consumer_stall'])} ({seconds(r['consumer_after_heal'])} "
+            f"after the heal) | {spaced(r['confirmed'])} of {spaced(r['published'])} | "
+            f"{r['lost']} | {r['duplicates']} | {r['out_of_order']} |")
+    out += ["", machine_line(res["machine"], "Measured")]
+    return "\n".join(out) + "\n"
+
+
 BLOCKS = {"how-fast": how_fast, "targets": targets_block, "consume": consume_block,
           "publish": publish_block, "latency": latency_block,
           "decode": decode_block, "spark": spark_block, "spark-io": spark_io_block,
-          "otel": otel_block}
+          "otel": otel_block, "partitions": partitions_block}
 
 
 def render(text: str) -> str:
