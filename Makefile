@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 
-.PHONY: demo test unit build deps brokers docs wheel sdist fuzz soak bench clean
+.PHONY: demo test unit build deps brokers docs wheel sdist fuzz soak partitions bench clean
 
 deps:
 	scripts/install-deps
@@ -61,6 +61,14 @@ fuzz: deps
 # fault every 30 s (make test runs an 80 s one in tests/test_soak.py).
 soak: build brokers
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS) --json bench/results/soak.json
+
+# True network partitions of a three-node cluster in network namespaces
+# (scripts/broker up netcluster, started and removed by the tests; make test
+# runs them too), stored in bench/results/partitions.json and rendered into
+# docs/reliability.md.
+partitions: build
+	PYSTREAM_PARTITION_RESULTS=bench/results/partitions.json $(PY) -m pytest tests/test_partitions.py -v
+	$(PY) bench/report.py
 
 # Decode speed (no broker), then reading and publishing end to end against
 # the modern broker beside rbfly, rstream and the C wire limits

@@ -38,6 +38,7 @@ RESULTS = HERE / "results"
 WIRE = HERE / "wire" / "wire"
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
 PACKAGES = ("pystream", "rbfly", "rstream", "pyarrow", "numpy", "pyspark")
+DISTRIBUTIONS = {"pystream": "pystream-rabbitmq"}
 BROKER_PID_ENV = "PYSTREAM_BENCH_BROKER_PID"
 
 
@@ -374,7 +375,8 @@ def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
-            out[name] = metadata.version(name)
+            # pystream's distribution is pystream-rabbitmq (setup.py).
+            out[name] = metadata.version(DISTRIBUTIONS.get(name, name))
         except metadata.PackageNotFoundError:
             out[name] = None
     # The checkout measured is imported in place: no installed metadata

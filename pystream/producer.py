@@ -28,8 +28,8 @@ from . import protocol as P
 from ._core import encode_publish, schema
 from .arrow import Batch, as_batch
 from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
-                     ConnectionLost, PublishError, RequestTimeout, StreamError,
-                     next_retry_delay)
+                     ConnectionLost, PublishError, PublisherDoesNotExist,
+                     RequestTimeout, StreamError, next_retry_delay)
 
 if TYPE_CHECKING:
     from .admin import Admin
@@ -155,6 +155,11 @@ class Producer:
         self._connection: Connection | None = None
         self._publisher_id = -1
         self._recovering = False
+        # Why the producer was lost again while recovering (the recovery
+        # goes round once more), and since when the broker has refused
+        # publishes for want of the publisher with no confirm between.
+        self._lost_again: str | None = None
+        self._gone_since: float | None = None
         self._last_sent = 0            # last id this producer sent
         self.last_publishing_id = 0    # ... or the broker had for its name
         self._stats = metrics.publisher_stats(client.address, stream)
@@ -339,13 +344,33 @@ class Producer:
         its publishing ids settle their futures."""
         count = int.from_bytes(frame[5:9], "big")
         ids = np.frombuffer(frame, dtype=">u8", count=count, offset=9)
+        self._gone_since = None
         self._settle(ids.astype(np.int64), [])
 
     def on_publish_error(self, errors: tuple) -> None:
         """The connection's reader thread hands PublishError entries here:
-        their futures raise ``PublishError`` with the broker's code."""
-        ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
-        self._settle(ids, [(e.publishing_id, e.code) for e in errors])
+        their futures raise ``PublishError`` with the broker's code, except
+        a refusal for want of the publisher, sent again after recovery."""
+        gone = [e for e in errors if e.code == PublisherDoesNotExist.code]
+        if gone and self._retry_gone():
+            # The broker dropped this publisher (its stream's leader moved)
+            # before the client heard of it: those ids were not written.
+            # They stay pending, and the recovery declares the publisher
+            # again and sends them again.
+            errors = tuple(e for e in errors if e.code != PublisherDoesNotExist.code)
+            self._lost("publisher_gone")
+        if errors:
+            ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
+            self._settle(ids, [(e.publishing_id, e.code) for e in errors])
+
+    def _retry_gone(self) -> bool:
+        """Whether publishes refused for want of the publisher are sent
+        again: until they have been refused, with no confirm between, for
+        ``recovery_timeout`` seconds."""
+        now = time.monotonic()
+        if self._gone_since is None:
+            self._gone_since = now
+        return now - self._gone_since <= self.recovery_timeout
 
     def _settle(self, ids: np.ndarray, failures: list[tuple[int, int]]) -> None:
         done = []
@@ -412,9 +437,15 @@ class Producer:
 
     def _lost(self, cause: str) -> None:
         with self._cond:
-            if self._closed or self._recovering or self._error is not None:
+            if self._closed or self._error is not None:
+                return
+            if self._recovering:
+                # Lost again before the recovery ended (the leader moved
+                # once more): the publisher it declared may be gone already.
+                self._lost_again = cause
                 return
             self._recovering = True
+            self._lost_again = None
         threading.Thread(target=self._recover, args=(cause,), daemon=True,
                          name="pystream-producer-recovery").start()
 
@@ -436,10 +467,19 @@ class Producer:
                             _with_publisher_id(f, self._publisher_id))
                         self._stats.written_bytes += len(f)
                 with self._cond:
-                    self._recovering = False
-                self._recovered(cause, first, len(frames),
-                                time.monotonic() - started)
-                return
+                    again, self._lost_again = self._lost_again, None
+                    if again is None:
+                        self._recovering = False
+                if again is None:
+                    self._recovered(cause, first, len(frames),
+                                    time.monotonic() - started)
+                    return
+                log.info("producer of stream %r lost again while recovering "
+                         "(%s): reconnecting once more", self.stream,
+                         again.replace("_", " "))
+                self._disconnect(delete=False)
+                time.sleep(delay)
+                delay = next_retry_delay(delay)
             except RECOVERABLE as exc:
                 if time.monotonic() - started > self.recovery_timeout:
                     self._fail(ConnectionLost(

@@ -280,3 +280,66 @@ def test_producer_resends_after_the_broker_closes_connections(modern, stream_nam
         assert table.column("body").to_pylist() == bodies.to_pylist()
     finally:
         modern.delete_stream(stream_name)
+
+
+def _drop_publisher(producer) -> None:
+    """Delete the producer's publisher on the broker behind its back, as
+    the broker does when the stream's leader moves."""
+    from pystream import protocol as P
+    pid = producer._publisher_id
+    producer._connection.request(lambda c: P.DeletePublisher(c, pid),
+                                 "delete publisher")
+
+
+@pytest.mark.broker
+def test_publishes_refused_for_a_vanished_publisher_are_sent_again(modern, stream_name):
+    """What the producer sent for a publisher the broker had dropped comes
+    back refused, 'publisher does not exist' (0x12): nothing of it was
+    written, so the producer declares its publisher again and sends it
+    again instead of failing it (the leader moved under it, as in
+    tests/test_partitions.py)."""
+    modern.create_stream(stream_name)
+    try:
+        with modern.producer(stream_name, name="vanishing") as p:
+            assert p.send_batch([b"a", b"b"]).result(10) == 2
+            _drop_publisher(p)
+            assert p.send_batch([b"c", b"d"]).result(30) == 4
+            assert p.send_batch([b"e"]).result(10) == 5
+        table = read_all(modern, stream_name, 5)
+        assert table.column("body").to_pylist() == [b"a", b"b", b"c", b"d", b"e"]
+    finally:
+        modern.delete_stream(stream_name)
+
+
+@pytest.mark.broker
+def test_a_loss_while_recovering_makes_the_recovery_go_round_again(
+        modern, stream_name, monkeypatch):
+    """A metadata update that arrives while the producer recovers from the
+    last one (the leader moved twice in a row, as after a partition heals)
+    is not dropped: the publisher the recovery declared is gone, so it
+    declares another before it ends."""
+    modern.create_stream(stream_name)
+    try:
+        with modern.producer(stream_name, name="twice") as p:
+            assert p.send_batch([b"a"]).result(10) == 1
+            declared = []
+            connect = p._connect
+
+            def connect_then_lose_it() -> None:
+                connect()
+                declared.append(p._publisher_id)
+                if len(declared) == 1:
+                    _drop_publisher(p)
+                    p.on_metadata_update(0x06)
+
+            monkeypatch.setattr(p, "_connect", connect_then_lose_it)
+            p.on_metadata_update(0x06)  # as the broker's MetadataUpdate does
+            deadline = time.monotonic() + 30
+            while (p._recovering or len(declared) < 2) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(declared) == 2 and not p._recovering
+            assert p.send_batch([b"b"]).result(10) == 2
+        table = read_all(modern, stream_name, 2)
+        assert table.column("body").to_pylist() == [b"a", b"b"]
+    finally:
+        modern.delete_stream(stream_name)

@@ -66,22 +66,24 @@ apt_install() {  # apt_install PKG...: install the missing ones on the host
 # shellcheck source=debian-mirror.sh
 source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
-# chroot_prefix ROOT STATE: set CHROOT to a command prefix running a program
-# chrooted in ROOT with /proc, /dev, /sys and a node's state folder STATE
-# mounted at /pystream (each node run from a root sees its own there). The
+# chroot_prefix ROOT STATE [HOSTS]: set CHROOT to a command prefix running a
+# program chrooted in ROOT with /proc, /dev, /sys and a node's state folder
+# STATE mounted at /pystream (each node run from a root sees its own there),
+# and the file HOSTS, if given, as its /etc/hosts. The
 # mounts live in a private mount namespace, so they vanish with the last
 # process using them: a crashed node or an interrupted build never
 # leaves /dev bound inside the cache (where an rm -rf would reach the host's
 # devices), and `down` has nothing to unmount.
 chroot_prefix() {
     CHROOT=(unshare --mount --propagation private -- sh -ec '
-        root=$1 state=$2
-        shift 2
+        root=$1 state=$2 hosts=$3
+        shift 3
         mount -t proc proc "$root/proc"
         mount --bind /dev "$root/dev"
         mount --bind /sys "$root/sys"
         mount --bind "$state" "$root/pystream"
-        exec chroot "$root" "$@"' sh "$1" "$2")
+        [ -z "$hosts" ] || mount --bind "$hosts" "$root/etc/hosts"
+        exec chroot "$root" "$@"' sh "$1" "$2" "${3:-}")
 }
 
 suite_root() { echo "$CACHE/$1-root"; }
