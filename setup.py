@@ -74,6 +74,9 @@ setup(
                  "duckdb", "polars"],
         # the latency benchmark's plots
         "bench": ["matplotlib"],
+        # make lint: pinned, so a new release's rules fail no clean checkout;
+        # pyarrow-stubs since pyarrow ships no type information of its own
+        "lint": ["mypy==2.4.1", "ruff==0.17.6", "pyarrow-stubs==20.0.0.20260819"],
     },
     entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     zip_safe=False,
