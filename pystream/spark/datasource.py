@@ -44,26 +44,45 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (DataSource, DataSourceReader,
-                                    DataSourceStreamReader,
-                                    DataSourceStreamWriter, DataSourceWriter,
-                                    Filter, InputPartition)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    Filter,
+    InputPartition,
+)
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
-                                              ReadMaxRows,
-                                              SupportsTriggerAvailableNow)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
 from ..errors import DataLoss, StreamDoesNotExist
+from ..ranges import (
+    MIN_RANGE,
+    Bound,
+    BrokerRef,
+    OffsetRange,
+    bound_for,
+    client_for,
+    read_range,
+    resolve,
+    split_ranges,
+    start_offset,
+    stream_bounds,
+)
 from ..records import Filter as StreamFilter
-from ..ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
-                     client_for, read_range, resolve, split_ranges,
-                     start_offset, stream_bounds)
 from .options import bool_option, broker_ref, int_option, normalize, source_filter
 from .pushdown import Pushed
 from .sink import BatchWriter, SinkConfig, StreamWriter
@@ -121,7 +140,7 @@ class _Config:
                                   "startingOffsets")
         if "startingtimestamp" in opts:
             millis = int_option(opts, "startingtimestamp", 0)
-            starting = dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
+            starting = dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
         if streaming and "endingoffsets" in opts:
             raise ValueError("endingOffsets is for batch reads; a streaming "
                              "query ends when it is stopped")
@@ -186,7 +205,7 @@ class _Config:
                                 body="binary", amqp=self.amqp,
                                 columns=self._read_columns(), **self._filter()):
             columns = {"stream": pa.repeat(name, batch.num_rows)}
-            columns.update(zip(batch.schema.names, batch.columns))
+            columns.update(zip(batch.schema.names, batch.columns, strict=True))
             yield pa.RecordBatch.from_arrays([columns[f.name] for f in schema],
                                              schema=schema)
 
@@ -314,7 +333,7 @@ def _initial(bound: Bound) -> Any:
 def _from_offset(value: Any) -> Bound:
     if isinstance(value, str) and value.startswith("timestamp:"):
         millis = int(value.split(":", 1)[1])
-        return dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
+        return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
     return value
 
 

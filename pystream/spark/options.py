@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..records import Filter
 from ..ranges import BrokerRef
+from ..records import Filter
 
 #: The JVM connector's spelling -> ours (lower case, as options are compared).
 ALIASES = {

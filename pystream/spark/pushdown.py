@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from pyspark.sql.datasource import (EqualTo, Filter, GreaterThan,
-                                    GreaterThanOrEqual, In, LessThan,
-                                    LessThanOrEqual)
+from pyspark.sql.datasource import (
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    LessThanOrEqual,
+)
 
 from ..client import Client
 from ..ranges import OffsetRange, StreamBounds, offset_at

@@ -21,23 +21,26 @@ task publish under one name at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
-from pyspark.sql.datasource import (DataSourceArrowWriter,
-                                    DataSourceStreamArrowWriter,
-                                    WriterCommitMessage)
-from pyspark.sql.types import (BinaryType, MapType, StringType, StructType)
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from ..errors import StreamDoesNotExist
 from ..producer import CODECS, Producer
+from ..ranges import BrokerRef, client_for
 from ..super_stream import hash_route
 from .options import bool_option, broker_ref, int_option, normalize
-from ..ranges import BrokerRef, client_for
 
 #: Columns a row may carry to the sink, besides ``body``.
 MESSAGE_COLUMNS = ("properties", "application_properties", "message_annotations")
