@@ -11,14 +11,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.ranges import (PROBE_TIMEOUT, StreamBounds, offset_at, read_range,
-                             stream_bounds)
+from pystream.ranges import PROBE_TIMEOUT, StreamBounds, offset_at, read_range, stream_bounds
 
 from .common import CliError, Emit, Start, connection_options
 
