@@ -15,9 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .connection import Connection
-from .errors import (RECOVERABLE, ProtocolError, StreamAlreadyExists,
-                     StreamDoesNotExist, StreamError, StreamNotAvailable,
-                     error_for_code)
+from .errors import (
+    RECOVERABLE,
+    ProtocolError,
+    StreamAlreadyExists,
+    StreamDoesNotExist,
+    StreamError,
+    StreamNotAvailable,
+    error_for_code,
+)
 from .offsets import Offset, offset_spec
 from .pool import AddressResolver, ConnectionPool, Endpoint
 from .uri import BrokerAddress, parse_uri

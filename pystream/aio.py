@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -100,7 +101,7 @@ class AsyncConsumer:
                 return None
             try:
                 await asyncio.wait_for(self._ready.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
 
     async def batches(self, timeout: float | None = None

@@ -8,14 +8,15 @@ DuckDB do)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol, Sequence, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 #: What a producer publishes: bodies, or a batch or table with a body column.
-Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
+Batch = Sequence[bytes] | pa.Array | pa.ChunkedArray | pa.RecordBatch | pa.Table
 
 
 def take_rows(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:

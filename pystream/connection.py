@@ -19,16 +19,23 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from . import metrics
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
-from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
-                     RequestTimeout, SaslMechanismNotSupported, StreamError,
-                     error_for_code)
+from .errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    ProtocolError,
+    RequestTimeout,
+    SaslMechanismNotSupported,
+    StreamError,
+    error_for_code,
+)
 from .features import Features
 from .tls import certificate_error
 from .uri import BrokerAddress

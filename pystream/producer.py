@@ -16,8 +16,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,9 +28,16 @@ from . import metrics
 from . import protocol as P
 from ._core import encode_publish, schema
 from .arrow import Batch, as_batch
-from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
-                     ConnectionLost, PublishError, RequestTimeout, StreamError,
-                     next_retry_delay)
+from .errors import (
+    FIRST_RETRY_DELAY,
+    RECOVERABLE,
+    ConnectionClosed,
+    ConnectionLost,
+    PublishError,
+    RequestTimeout,
+    StreamError,
+    next_retry_delay,
+)
 
 if TYPE_CHECKING:
     from .admin import Admin
@@ -37,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pystream.producer")
 
-FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
+FilterValue = str | Callable[[pa.RecordBatch], Any] | None
 
 PROPERTIES = schema(columns=["properties"]).field("properties").type
 STRING_MAP = pa.map_(pa.string(), pa.string())
@@ -264,7 +272,7 @@ class Producer:
                 self._publish_rows(rows)
 
     def _publish_rows(self, rows: list[tuple]) -> None:
-        bodies, props, app, ann, filters, futures = zip(*rows)
+        bodies, props, app, ann, filters, futures = zip(*rows, strict=True)
         columns = {"body": pa.array(bodies, pa.binary())}
         if any(p is not None for p in props):
             columns["properties"] = pa.array(props, PROPERTIES)

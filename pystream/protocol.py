@@ -15,11 +15,34 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .errors import ProtocolError, TruncatedFrame
-from .wire import (BYTES, I64, OFFSET_FIRST, OFFSET_LAST, OFFSET_NEXT,
-                   OFFSET_NONE, OFFSET_OFFSET, OFFSET_SPEC, OFFSET_TIMESTAMP,
-                   STRING, STRING_MAP, U8, U16, U32, U64, Array, Map, OffsetSpec,
-                   Reader, Record, Rest, RouteStreams, Trailing, Writer,
-                   read_fields, write_fields)
+from .wire import (
+    BYTES,
+    I64,
+    OFFSET_FIRST,
+    OFFSET_LAST,
+    OFFSET_NEXT,
+    OFFSET_NONE,
+    OFFSET_OFFSET,
+    OFFSET_SPEC,
+    OFFSET_TIMESTAMP,
+    STRING,
+    STRING_MAP,
+    U8,
+    U16,
+    U32,
+    U64,
+    Array,
+    Map,
+    OffsetSpec,
+    Reader,
+    Record,
+    Rest,
+    RouteStreams,
+    Trailing,
+    Writer,
+    read_fields,
+    write_fields,
+)
 
 __all__ = ["OFFSET_FIRST", "OFFSET_LAST", "OFFSET_NEXT", "OFFSET_NONE",
            "OFFSET_OFFSET", "OFFSET_TIMESTAMP", "OffsetSpec"]

@@ -15,11 +15,13 @@ size is an upper bound of its records.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import os
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -34,7 +36,7 @@ from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
-Bound = Union[str, int, dt.datetime]
+Bound = str | int | dt.datetime
 
 POLL = 0.2  # seconds between looks at the position while no records come
 FIRST_CHUNK_WAIT = 2.0  # seconds without a first chunk that prove none is due
@@ -103,7 +105,7 @@ class BrokerRef:
                            sasl_mechanism=self.sasl_mechanism)
 
 
-Broker = Union[str, BrokerRef]
+Broker = str | BrokerRef
 
 
 @dataclass(frozen=True)
@@ -386,6 +388,6 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
         if max_records:
             parts = max(parts, math.ceil(r.size / max_records))
         cuts = [r.start + r.size * i // parts for i in range(parts + 1)]
-        out += [OffsetRange(r.stream, a, b) for a, b in zip(cuts, cuts[1:])]
+        out += [OffsetRange(r.stream, a, b) for a, b in itertools.pairwise(cuts)]
     return out
 

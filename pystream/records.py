@@ -4,15 +4,16 @@ vectorised post filter."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow import filter_batch, rows_matching, take_rows
 
-PostFilter = Union[pc.Expression, Callable[[pa.RecordBatch], Any]]
+PostFilter = pc.Expression | Callable[[pa.RecordBatch], Any]
 
 
 @dataclass(frozen=True)
