@@ -25,7 +25,8 @@ def test_readme_figures_are_rendered_from_the_stored_results():
     assert {"how-fast", "targets", "consume", "publish", "latency",
             "decode", "otel", "spark", "spark-io"} <= set(blocks)
     rendered = report.render(text)
-    for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered)):
+    for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered),
+                        strict=True):
         assert old.group(0) == new.group(0), (
             f"README block bench:{old.group('name')} differs from what "
             "bench/report.py renders from bench/results: run bench/report.py")
