@@ -78,7 +78,10 @@ def setup_mode(mode: str, interval: float) -> None:
         from opentelemetry import metrics
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import (
-            MetricExporter, MetricExportResult, PeriodicExportingMetricReader)
+            MetricExporter,
+            MetricExportResult,
+            PeriodicExportingMetricReader,
+        )
 
         class Discard(MetricExporter):
             def export(self, metrics_data, timeout_millis=10_000, **kwargs):
@@ -211,7 +214,8 @@ def vs_absent(row: dict, mode: str) -> dict:
     if not (a and m):
         return {}
     pairs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
-             for x, y in zip(row["clients"][mode]["runs"], row["clients"]["absent"]["runs"])
+             for x, y in zip(row["clients"][mode]["runs"], row["clients"]["absent"]["runs"],
+                             strict=True)
              if "error" not in x and "error" not in y]
     return {"msg_per_s": m["msg_per_s_median"] / a["msg_per_s_median"] - 1,
             "msg_per_s_paired": statistics.median(pairs) - 1 if pairs else None,

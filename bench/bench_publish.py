@@ -66,6 +66,7 @@ sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
 from harness import PROGRESS, Window, make_body  # noqa: E402
+
 from pystream.errors import StreamError  # noqa: E402
 
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw", "rbfly",

@@ -67,7 +67,8 @@ def paired(row: dict, name: str, ref: str) -> float | None:
     a = row["clients"].get(name, {}).get("runs", [])
     b = row["clients"].get(ref, {}).get("runs", [])
     xs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
-          for x, y in zip(a, b) if "error" not in x and "error" not in y]
+          for x, y in zip(a, b, strict=False)  # a client absent from the row has no runs
+          if "error" not in x and "error" not in y]
     return statistics.median(xs) if xs else None
 
 
@@ -153,7 +154,7 @@ def how_fast() -> str:
     if latency:
         runs = "run" if latency["repeat"] == 1 else "runs"
         for r, by in latency["rates"].items():
-            def p99(name: str) -> str:
+            def p99(name: str, by: dict = by) -> str:
                 c = by.get(name)
                 if c is None:
                     return "–"
@@ -167,7 +168,8 @@ def how_fast() -> str:
     loads = [x[0] for res in (consume, publish, latency) if res
              for run in all_runs(res) for x in run.get("load", []) if x]
     if loads:
-        lines += ["", f"The load average (1 minute, {consume['machine']['cores'] if consume else '?'} "
+        cores = consume["machine"]["cores"] if consume else "?"
+        lines += ["", f"The load average (1 minute, {cores} "
                       f"cores) ranged from {min(loads):.1f} to {max(loads):.1f} during "
                       "these runs: the machine was shared with other builds and tests."]
     return "\n".join(lines) + "\n"
@@ -190,7 +192,7 @@ def consume_block() -> str:
     if not res:
         return "(no stored results: run `make bench`)\n"
     out = []
-    for key, row in res["rows"].items():
+    for _key, row in res["rows"].items():
         limit = med(row["clients"].get("wire", {}).get("summary"))
         out += [f"{count(row['messages'])} messages of {row['body_size']} B "
                 f"(`{row['stream']}`), medians of {res['repeat']} runs, every client reading "
@@ -234,7 +236,7 @@ def publish_block() -> str:
     if not res:
         return "(no stored results: run `make bench`)\n"
     out = []
-    for key, row in res["rows"].items():
+    for _key, row in res["rows"].items():
         limit = med(row["clients"].get("wire", {}).get("summary"))
         out += [f"{count(row['messages'])} messages of {row['body_size']} B, every "
                 f"confirm awaited, a fresh stream per run, medians of "
