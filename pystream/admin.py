@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,16 +151,15 @@ class Admin:
         """Whether the broker has a feature of ``features.FIRST_RELEASE``."""
         return self.connection.features.supports(feature)
 
-    def _request(self, make: Any, context: str, *,
-                 tolerate: type[StreamError] | None = None) -> Any:
+    def _request(self, make: Callable[[int], P.Request], context: str, *,
+                 tolerate: type[StreamError] | None = None) -> None:
         """Send a request; an answer of class ``tolerate`` is not an error
         (the ``exist_ok`` / ``missing_ok`` flags)."""
         try:
-            return self.connection.request(make, context)
+            self.connection.request(make, context)
         except StreamError as exc:
             if tolerate is None or not isinstance(exc, tolerate):
                 raise
-            return None
 
     # --- streams --------------------------------------------------------------
 
@@ -187,8 +187,8 @@ class Admin:
         return not isinstance(info.error, StreamDoesNotExist)
 
     def metadata(self, *streams: str) -> dict[str, StreamInfo]:
-        answer = self._request(lambda c: P.Metadata(c, streams),
-                               f"metadata of {', '.join(streams)}")
+        answer = self.connection.query(P.MetadataResponse, lambda c: P.Metadata(c, streams),
+                                       f"metadata of {', '.join(streams)}")
         brokers = {b.reference: Endpoint(b.host, b.port) for b in answer.brokers}
         if brokers:
             self._nodes = tuple(brokers.values())
@@ -206,8 +206,8 @@ class Admin:
         ``committed_chunk_id``, and from 4.3 ``committed_offset`` (the last
         committed offset), ..."""
         self.connection.features.require("stream_stats")
-        answer = self._request(lambda c: P.StreamStats(c, stream),
-                               f"stream stats of {stream!r}")
+        answer = self.connection.query(P.StreamStatsResponse, lambda c: P.StreamStats(c, stream),
+                                       f"stream stats of {stream!r}")
         return dict(answer.stats)
 
     # --- offsets and publisher sequences --------------------------------------
@@ -224,8 +224,9 @@ class Admin:
         self.connection.features.require("resolve_offset_spec")
         spec = offset_spec(offset)
         props = filter.properties() if filter is not None else {}
-        answer = self._request(lambda c: P.ResolveOffsetSpec(c, stream, spec, props),
-                               f"resolve offset {offset!r} of {stream!r}")
+        answer = self.connection.query(
+            P.ResolveOffsetSpecResponse, lambda c: P.ResolveOffsetSpec(c, stream, spec, props),
+            f"resolve offset {offset!r} of {stream!r}")
         if answer.offset is None or answer.offset.type != P.OFFSET_OFFSET:
             raise ProtocolError(f"resolve offset of {stream!r}: the answer "
                                 f"holds no offset ({answer.offset!r})")
@@ -233,8 +234,9 @@ class Admin:
 
     def query_offset(self, stream: str, reference: str) -> int:
         """The offset stored for a consumer name; ``NoOffset`` if none."""
-        return self._request(lambda c: P.QueryOffset(c, reference, stream),
-                             f"query offset of {reference!r} on {stream!r}").offset
+        return self.connection.query(
+            P.QueryOffsetResponse, lambda c: P.QueryOffset(c, reference, stream),
+            f"query offset of {reference!r} on {stream!r}").offset
 
     def store_offset(self, stream: str, reference: str, offset: int) -> None:
         """Store a consumer's offset (the broker does not answer)."""
@@ -243,19 +245,21 @@ class Admin:
     def query_publisher_sequence(self, stream: str, reference: str) -> int:
         """The last publishing id the broker kept for a named producer, 0 if
         it knows none."""
-        return self._request(
+        return self.connection.query(
+            P.QueryPublisherSequenceResponse,
             lambda c: P.QueryPublisherSequence(c, reference, stream),
             f"query publisher sequence of {reference!r} on {stream!r}").sequence
 
     # --- super streams ----------------------------------------------------------
 
     def partitions(self, super_stream: str) -> list[str]:
-        return list(self._request(lambda c: P.Partitions(c, super_stream),
-                                  f"partitions of {super_stream!r}").streams)
+        return list(self.connection.query(
+            P.PartitionsResponse, lambda c: P.Partitions(c, super_stream),
+            f"partitions of {super_stream!r}").streams)
 
     def route(self, super_stream: str, routing_key: str) -> list[str]:
-        return list(self._request(
-            lambda c: P.Route(c, routing_key, super_stream),
+        return list(self.connection.query(
+            P.RouteResponse, lambda c: P.Route(c, routing_key, super_stream),
             f"route {routing_key!r} in {super_stream!r}").streams)
 
     def create_super_stream(self, name: str, *, partitions: int | None = None,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import metrics
 from . import protocol as P
@@ -40,9 +40,13 @@ from .features import Features
 from .tls import certificate_error
 from .uri import BrokerAddress
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = logging.getLogger("pystream.connection")
 
 FrameHandler = Callable[[memoryview], None]
+_Answer = TypeVar("_Answer", bound=P.Command)
 
 
 class SubscriptionSink(Protocol):
@@ -69,7 +73,7 @@ class PublisherSink(Protocol):
 
     def on_confirm(self, frame: memoryview) -> None: ...
 
-    def on_publish_error(self, errors: tuple) -> None: ...
+    def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None: ...
 
     def on_metadata_update(self, code: int) -> None: ...
 
@@ -133,11 +137,11 @@ class Connection:
         self._publishers: dict[int, PublisherSink] = {}
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, Future[P.Command]] = {}
         self._next_corr = 1
         self._handlers: dict[int, FrameHandler] = {}
         self._close_listeners: list[Callable[[StreamError | None], None]] = []
-        self._tune: Future = Future()
+        self._tune: Future[P.Tune] = Future()
         self._error: StreamError | None = None
         self._closing = False  # we sent Close: the broker's EOF is expected
         self._closed = threading.Event()
@@ -200,13 +204,13 @@ class Connection:
                  "information": "pystream: RabbitMQ streams to Arrow"}
         if self.connection_name:
             props["connection_name"] = self.connection_name
-        peer = self.request(lambda c: P.PeerProperties(c, props),
-                            "peer properties", timeout=timeout)
+        peer = self.query(P.PeerPropertiesResponse, lambda c: P.PeerProperties(c, props),
+                          "peer properties", timeout=timeout)
         self.server_properties = dict(peer.properties)
         self.features = Features(self.server_properties.get("version", "0"))
 
-        mechanisms = self.request(P.SaslHandshake, "SASL handshake",
-                                  timeout=timeout).mechanisms
+        mechanisms = self.query(P.SaslHandshakeResponse, P.SaslHandshake, "SASL handshake",
+                                timeout=timeout).mechanisms
         if self.sasl_mechanism not in mechanisms:
             raise SaslMechanismNotSupported(
                 f"SASL mechanism {self.sasl_mechanism} is not offered by the "
@@ -250,13 +254,14 @@ class Connection:
         self._reader.max_frame_size = self.frame_max
         self.send(P.TuneResponse(self.frame_max, self.heartbeat))
 
-        opened = self.request(
-            lambda c: P.Open(c, self.address.virtual_host),
+        opened = self.query(
+            P.OpenResponse, lambda c: P.Open(c, self.address.virtual_host),
             f"open virtual host {self.address.virtual_host!r}", timeout=timeout)
         self.connection_properties = dict(opened.properties)
 
         if self.features.supports("exchange_command_versions"):
-            answer = self.request(
+            answer = self.query(
+                P.ExchangeCommandVersionsResponse,
                 lambda c: P.ExchangeCommandVersions(c, CLIENT_COMMAND_VERSIONS),
                 "exchange command versions", timeout=timeout)
             self.command_versions = {
@@ -342,7 +347,7 @@ class Connection:
     def send(self, cmd: P.Command) -> None:
         self.send_bytes(P.encode(cmd))
 
-    def send_bytes(self, data: bytes) -> None:
+    def send_bytes(self, data: bytes | pa.Buffer) -> None:
         self._check_open()
         try:
             with self._write_lock:  # the reader closes the socket under it
@@ -356,10 +361,10 @@ class Connection:
             raise err from exc
 
     def request(self, make: Callable[[int], P.Request], context: str, *,
-                timeout: float | None = None) -> P.Response:
+                timeout: float | None = None) -> P.Command:
         """Send the request ``make(correlation_id)`` and wait for its answer;
         a response code other than OK raises its error class."""
-        future: Future = Future()
+        future: Future[P.Command] = Future()
         with self._state_lock:
             self._check_open()
             corr = self._next_corr
@@ -377,6 +382,16 @@ class Connection:
                 self._pending.pop(corr, None)
         if response.response_code != P.RESPONSE_OK:
             raise error_for_code(response.response_code, context)
+        return response
+
+    def query(self, answer: type[_Answer], make: Callable[[int], P.Request], context: str,
+              *, timeout: float | None = None) -> _Answer:
+        """``request`` whose answer must be an ``answer``: another command
+        under the correlation id is a ``ProtocolError``."""
+        response = self.request(make, context, timeout=timeout)
+        if not isinstance(response, answer):
+            raise ProtocolError(f"{context}: the broker answered with "
+                                f"{type(response).__name__}, not {answer.__name__}")
         return response
 
     def _check_open(self) -> None:
@@ -437,7 +452,7 @@ class Connection:
                 continue
             if event is None:
                 return
-            if type(event) is bytes:
+            if isinstance(event, bytes):
                 self._dispatch(memoryview(event))
             else:
                 sink = self._sinks.get(event.subscription_id)
@@ -481,9 +496,11 @@ class Connection:
             if publisher is not None:
                 publisher.on_publish_error(cmd.errors)
         elif isinstance(cmd, P.MetadataUpdate):
-            for sink in [*self._sinks.values(), *self._publishers.values()]:
-                if sink.stream == cmd.stream:
-                    sink.on_metadata_update(cmd.code)
+            listeners: list[SubscriptionSink | PublisherSink] = [
+                *self._sinks.values(), *self._publishers.values()]
+            for listener in listeners:
+                if listener.stream == cmd.stream:
+                    listener.on_metadata_update(cmd.code)
         elif isinstance(cmd, P.Heartbeat):
             self.heartbeats_received += 1
         elif isinstance(cmd, P.Close):

@@ -314,11 +314,12 @@ class Consumer(Subscriptions):
         if not item.filtered:
             item.filtered = True
             if self.filter is not None and self.filter.post_filter is not None:
+                assert item.sub is not None and item.batch is not None  # not the end marker
                 rows = item.batch.num_rows
                 item.batch = self.filter.apply(item.batch)
-                item.sub.stats.filtered += rows - item.batch.num_rows  # type: ignore[union-attr]
+                item.sub.stats.filtered += rows - item.batch.num_rows
 
-    def _take(self, item: Queued, sends: list,
+    def _take(self, item: Queued, sends: list[tuple[Subscription, int]],
               max_rows: int | None) -> pa.RecordBatch | None:
         """Hand rows from the head of the queue (coalescing queued chunks of
         the same stream up to the batch limits); None if it held none."""
@@ -343,13 +344,13 @@ class Consumer(Subscriptions):
                 size += more.nbytes
         if not parts:
             return None
-        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
         if self.super_stream is not None:
             batch = batch.replace_schema_metadata(
                 {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
         return batch
 
-    def _hand(self, item: Queued, sends: list,
+    def _hand(self, item: Queued, sends: list[tuple[Subscription, int]],
               max_rows: int | None) -> pa.RecordBatch | None:
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
@@ -358,6 +359,7 @@ class Consumer(Subscriptions):
         assert sub is not None and chunk is not None
         self._filter(item)
         batch = item.batch
+        assert batch is not None
         total = batch.num_rows
         start = item.handed
         end = total if max_rows is None else min(total, start + max_rows)

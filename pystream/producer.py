@@ -40,12 +40,17 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._core import Codec
     from .admin import Admin
     from .connection import Connection
 
 log = logging.getLogger("pystream.producer")
 
 FilterValue = str | Callable[[pa.RecordBatch], Any] | None
+#: A message ``send`` buffers: body, properties, application properties,
+#: message annotations, filter value, and its future.
+_Row = tuple[bytes, dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None,
+             str | None, Future[int]]
 
 PROPERTIES = schema(columns=["properties"]).field("properties").type
 STRING_MAP = pa.map_(pa.string(), pa.string())
@@ -58,14 +63,14 @@ class _Batch:
     __slots__ = ("first_id", "counts", "remaining", "messages", "frames",
                  "future", "message_futures", "failures")
 
-    def __init__(self, first_id: int, counts: np.ndarray, frames: bytes,
-                 message_futures: list[Future] | None) -> None:
+    def __init__(self, first_id: int, counts: np.ndarray, frames: pa.Buffer | bytes,
+                 message_futures: list[Future[int]] | None) -> None:
         self.first_id = first_id
         self.counts = counts                # messages per publishing id
         self.remaining = len(counts)        # ids not yet confirmed or refused
         self.messages = int(counts.sum())
         self.frames = frames
-        self.future: Future = Future()
+        self.future: Future[int] = Future()  # resolves to the last id
         self.message_futures = message_futures
         self.failures: list[tuple[int, int]] = []
 
@@ -126,7 +131,7 @@ class Producer:
 
     def __init__(self, client: Admin, stream: str, *, name: str | None = None,
                  batch_size: int = 1000, linger_ms: float = 10.0,
-                 compression: str | None = None, sub_batch_size: int = 100,
+                 compression: Codec | None = None, sub_batch_size: int = 100,
                  filter_value: FilterValue = None, max_in_flight: int = 100_000,
                  amqp: bool = True, recovery_timeout: float = 300.0) -> None:
         if compression not in CODECS:
@@ -157,7 +162,7 @@ class Producer:
         self._buffer_lock = threading.Lock()
         self._pending: deque[_Batch] = deque()
         self._in_flight = 0
-        self._buffer: list[tuple] = []
+        self._buffer: list[_Row] = []
         self._closed = False
         self._error: BaseException | None = None
         self._connection: Connection | None = None
@@ -189,13 +194,13 @@ class Producer:
     def send(self, body: bytes, *, properties: dict[str, Any] | None = None,
              application_properties: dict[str, Any] | None = None,
              message_annotations: dict[str, Any] | None = None,
-             filter_value: str | None = None) -> Future:
+             filter_value: str | None = None) -> Future[int]:
         """Queue one message; the future resolves to its publishing id.
         A symbol that is not ASCII (an annotation key, ``content_type``,
         ``content_encoding``) raises ``ValueError`` here, before it is
         queued."""
         _check_symbols(properties, message_annotations)
-        future: Future = Future()
+        future: Future[int] = Future()
         with self._cond:
             self._check()
             self._buffer.append((body, properties, application_properties,
@@ -208,13 +213,13 @@ class Producer:
         return future
 
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
-                   filter_values: Any = None) -> Future:
+                   filter_values: Any = None) -> Future[int]:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids this producer sent,
         and ids the broker already has for ``name`` are dropped by it."""
         batch = as_batch(messages)
         if batch.num_rows == 0:
-            done: Future = Future()
+            done: Future[int] = Future()
             done.set_result(self.last_publishing_id)
             return done
         if filter_values is None:
@@ -271,9 +276,9 @@ class Producer:
             if rows:
                 self._publish_rows(rows)
 
-    def _publish_rows(self, rows: list[tuple]) -> None:
+    def _publish_rows(self, rows: list[_Row]) -> None:
         bodies, props, app, ann, filters, futures = zip(*rows, strict=True)
-        columns = {"body": pa.array(bodies, pa.binary())}
+        columns: dict[str, pa.Array[Any]] = {"body": pa.array(bodies, pa.binary())}
         if any(p is not None for p in props):
             columns["properties"] = pa.array(props, PROPERTIES)
         for key, values in (("application_properties", app),
@@ -295,7 +300,7 @@ class Producer:
 
     def _publish(self, batch: pa.RecordBatch, filter_values: Any,
                  publishing_id: int | None,
-                 message_futures: list[Future] | None) -> Future:
+                 message_futures: list[Future[int]] | None) -> Future[int]:
         n = batch.num_rows
         with self._cond:
             # Back-pressure: wait for confirms rather than grow memory (not
@@ -347,7 +352,7 @@ class Producer:
         ids = np.frombuffer(frame, dtype=">u8", count=count, offset=9)
         self._settle(ids.astype(np.int64), [])
 
-    def on_publish_error(self, errors: tuple) -> None:
+    def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
         self._settle(ids, [(e.publishing_id, e.code) for e in errors])
 
@@ -523,12 +528,12 @@ class Producer:
                 pass  # the futures carry the error
 
 
-def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array[Any] | None:
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
 
 
-def _with_publisher_id(frames: bytes, publisher_id: int) -> bytes:
+def _with_publisher_id(frames: pa.Buffer | bytes, publisher_id: int) -> bytes:
     """The frames with another publisher id (after a reconnection)."""
     out = bytearray(frames)
     pos = 0
@@ -548,6 +553,6 @@ def _check_symbols(properties: dict[str, Any] | None,
         if isinstance(value, str) and not value.isascii():
             raise ValueError(f"{name} is not ASCII (an AMQP symbol): {value!r}")
     for key in message_annotations or {}:
-        if isinstance(key, str) and not key.isascii():
+        if not str(key).isascii():  # keys are encoded as str(key)
             raise ValueError(f"message_annotations: the key {key!r} is not ASCII "
                              "(keys are AMQP symbols)")

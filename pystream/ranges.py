@@ -134,7 +134,8 @@ class StreamBounds:
     last_timestamp: dt.datetime | None
 
 
-_clients: dict[tuple, Client] = {}
+# by broker and connection options
+_clients: dict[tuple[Broker, tuple[tuple[str, Any], ...]], Client] = {}
 _clients_pid = os.getpid()
 _clients_lock = threading.Lock()
 
@@ -185,9 +186,9 @@ def stream_bounds(client: Client, stream: str, *, exact: bool = True) -> StreamB
     first = _first_of(client, stream, stats)
     if first is None:
         return StreamBounds(0, 0, None)
-    end, last_timestamp = _read_last_chunk(client, stream)
-    if end is None:  # offset-tracking chunks only: no record to read
-        end = first
+    last_end, last_timestamp = _read_last_chunk(client, stream)
+    # offset-tracking chunks only (None): no record to read
+    end = first if last_end is None else last_end
     return StreamBounds(min(first, end), end, last_timestamp)
 
 
@@ -246,7 +247,7 @@ def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> 
 
 def read_range(broker: Broker, stream: str, start: int, end: int, *,
                timeout: float = 60.0, fail_on_data_loss: bool = False,
-               connection_options: dict | None = None,
+               connection_options: dict[str, Any] | None = None,
                **consumer_options: Any) -> ArrowStream:
     """The records of ``stream`` from ``start`` up to ``end`` (exclusive) as
     Arrow batches, trimmed at both ends, in an ``ArrowStream`` (iterate it,
@@ -266,8 +267,8 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
 
 
 def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: float,
-                fail_on_data_loss: bool, connection_options: dict | None,
-                consumer_options: dict) -> Iterator[pa.RecordBatch]:
+                fail_on_data_loss: bool, connection_options: dict[str, Any] | None,
+                consumer_options: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     if end <= start:
         return
     client = client_for(broker, connection_options)
@@ -329,12 +330,13 @@ def _past_last_user_chunk(client: Client, stream: str, start: int, end: int,
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],
-                start: Bound | dict = "earliest", end: Bound | dict = "latest", *,
+                start: Bound | dict[str, Bound] = "earliest",
+                end: Bound | dict[str, Bound] = "latest", *,
                 min_partitions: int | None = None,
                 max_records_per_partition: int | None = None,
                 min_records_per_partition: int = MIN_RANGE,
                 fail_on_data_loss: bool = False,
-                connection_options: dict | None = None) -> list[OffsetRange]:
+                connection_options: dict[str, Any] | None = None) -> list[OffsetRange]:
     """Concrete ranges covering ``start``..``end`` of each stream, resolved
     now (so every reader reads a fixed range). ``start`` and ``end`` are a
     bound or a dict of them per stream (missing streams: earliest, latest).
@@ -353,12 +355,12 @@ def plan_ranges(broker: Broker, streams: Iterable[str],
                         min_records_per_partition)
 
 
-def bound_for(bound: Bound | dict, stream: str, default: Bound) -> Bound:
+def bound_for(bound: Bound | dict[str, Bound], stream: str, default: Bound) -> Bound:
     """``bound``, or its entry for ``stream`` when it is a dict per stream."""
     return bound.get(stream, default) if isinstance(bound, dict) else bound
 
 
-def start_offset(start: Bound | dict, client: Client, stream: str,
+def start_offset(start: Bound | dict[str, Bound], client: Client, stream: str,
                  bounds: StreamBounds, fail_on_data_loss: bool) -> int:
     """A concrete start (missing from a dict: earliest), checked against
     what retention kept: before the first record it raises ``DataLoss`` if

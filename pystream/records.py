@@ -62,7 +62,8 @@ class Message:
 
     @property
     def offset(self) -> int:
-        return self._batch.column(0)[self._row].as_py()
+        offset: int = self._batch.column(0)[self._row].as_py()
+        return offset
 
     @property
     def timestamp(self) -> Any:
@@ -71,11 +72,13 @@ class Message:
 
     @property
     def body(self) -> bytes:
-        return self._batch.column(2)[self._row].as_py()
+        body: bytes = self._batch.column(2)[self._row].as_py()
+        return body
 
     @property
     def properties(self) -> dict[str, Any] | None:
-        return self._get("properties")
+        properties: dict[str, Any] | None = self._get("properties")
+        return properties
 
     @property
     def application_properties(self) -> dict[str, str] | None:
@@ -89,7 +92,8 @@ class Message:
 
     @property
     def header(self) -> dict[str, Any] | None:
-        return self._get("header")
+        header: dict[str, Any] | None = self._get("header")
+        return header
 
     def __repr__(self) -> str:
         return f"<Message offset={self.offset} body={self.body[:32]!r}>"

@@ -8,8 +8,8 @@ map an i32 count of key/value pairs; integers are big-endian. Commands
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from .errors import ProtocolError, TruncatedFrame

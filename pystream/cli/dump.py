@@ -107,7 +107,10 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def _body_bytes(batch: pa.RecordBatch) -> int:
-    return pc.sum(pc.binary_length(batch.column("body"))).as_py() or 0
+    # pyarrow-stubs type binary_length for the concrete array classes only
+    lengths = pc.binary_length(batch.column("body"))  # type: ignore[call-overload]
+    total: int = pc.sum(lengths).as_py() or 0
+    return total
 
 
 @contextlib.contextmanager

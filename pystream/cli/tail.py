@@ -147,8 +147,8 @@ def json_printer(columns: list[str]) -> Emit:
 
 def raw_printer(columns: list[str]) -> Emit:
     def emit(batch: pa.RecordBatch) -> None:
-        sys.stdout.buffer.write(b"".join(
-            body + b"\n" for body in batch.column("body").to_pylist()))
+        bodies = batch.column("body").to_pylist()
+        sys.stdout.buffer.write(b"".join((body or b"") + b"\n" for body in bodies))
     return emit
 
 
