@@ -54,7 +54,16 @@ _Row = tuple[bytes, dict[str, Any] | None, dict[str, Any] | None, dict[str, Any]
 
 PROPERTIES = schema(columns=["properties"]).field("properties").type
 STRING_MAP = pa.map_(pa.string(), pa.string())
-CODECS = (None, "none", "gzip", "snappy", "lz4", "zstd")
+CODECS: tuple[None, Codec, Codec, Codec, Codec, Codec] = (
+    None, "none", "gzip", "snappy", "lz4", "zstd")
+
+
+def codec(name: str | None) -> Codec | None:
+    """``name``, checked against the codecs the encoder knows."""
+    for known in CODECS:
+        if name == known:
+            return known
+    raise ValueError(f"compression must be one of {CODECS[1:]}")
 
 
 class _Batch:
@@ -131,11 +140,10 @@ class Producer:
 
     def __init__(self, client: Admin, stream: str, *, name: str | None = None,
                  batch_size: int = 1000, linger_ms: float = 10.0,
-                 compression: Codec | None = None, sub_batch_size: int = 100,
+                 compression: str | None = None, sub_batch_size: int = 100,
                  filter_value: FilterValue = None, max_in_flight: int = 100_000,
                  amqp: bool = True, recovery_timeout: float = 300.0) -> None:
-        if compression not in CODECS:
-            raise ValueError(f"compression must be one of {CODECS[1:]}")
+        checked_compression = codec(compression)
         if compression not in (None, "none") and filter_value is not None:
             raise ValueError("filter values cannot be combined with "
                              "compressed sub-batches")
@@ -148,7 +156,7 @@ class Producer:
         self.name = name
         self.batch_size = batch_size
         self.linger = linger_ms / 1000.0
-        self.compression = compression
+        self.compression = checked_compression
         self.sub_batch_size = sub_batch_size
         self.filter_value = filter_value
         self.max_in_flight = max_in_flight
