@@ -472,10 +472,9 @@ class Connection:
                 publisher.on_confirm(frame)
                 return
         cmd = P.decode(frame)
-        corr = getattr(cmd, "correlation_id", None)
         if isinstance(cmd, (P.Response, P.MetadataResponse)):
             with self._state_lock:
-                future = self._pending.get(corr)  # type: ignore[arg-type]
+                future = self._pending.get(cmd.correlation_id)
             if future is None:
                 log.debug("answer to a request no longer waited for: %r", cmd)
             elif not future.done():

@@ -438,15 +438,14 @@ class Producer:
         while not self._closed:
             try:
                 with self._send_lock:
-                    self._connect()
+                    connection = self._connect()
                     with self._cond:
                         frames = [b.frames for b in self._pending]
                         first = (self._pending[0].first_id if self._pending
                                  else None)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
-                        self._connection.send_bytes(  # type: ignore[union-attr]
-                            _with_publisher_id(f, self._publisher_id))
+                        connection.send_bytes(_with_publisher_id(f, self._publisher_id))
                         self._stats.written_bytes += len(f)
                 with self._cond:
                     self._recovering = False
@@ -476,7 +475,7 @@ class Producer:
         metrics.recovered("producer", cause, self.stream, seconds,
                           self.client.address)
 
-    def _connect(self) -> None:
+    def _connect(self) -> Connection:
         endpoint = self.client.locate(self.stream, replica=False)
         conn = self.client.pool.acquire(endpoint)
         try:
@@ -492,6 +491,7 @@ class Producer:
             self.client.pool.release(conn)
             raise
         self._connection, self._publisher_id = conn, pid
+        return conn
 
     def _disconnect(self, *, delete: bool) -> None:
         conn, self._connection = self._connection, None

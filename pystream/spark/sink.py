@@ -226,10 +226,12 @@ class _Task:
             raise ValueError("a routing_key is null: every row needs one")
         if self.config.routing == "hash":
             return hash_route(keys, len(self.targets))
+        super_stream = self.config.super_stream
+        assert super_stream is not None  # publish routes only for a super stream
         unique = pc.unique(keys)
         for key in unique.to_pylist():
             if key not in self.routes:
-                streams = self.client.route(self.config.super_stream,  # type: ignore[arg-type]
+                streams = self.client.route(super_stream,
                                             key.decode() if isinstance(key, bytes) else str(key))
                 if not streams:
                     raise ValueError(f"routing key {key!r} matches no binding "
