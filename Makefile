@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 
-.PHONY: demo test unit build deps brokers docs wheel sdist fuzz soak partitions bench clean
+.PHONY: demo test unit lint build deps brokers docs wheel sdist fuzz soak partitions bench clean
 
 deps:
 	scripts/install-deps
@@ -24,7 +24,7 @@ demo: build
 	scripts/broker up modern
 	$(PY) scripts/demo.py
 
-test: build brokers docs
+test: lint build brokers docs
 	$(PY) -m pytest tests
 	scripts/fuzz $(FUZZ_SECONDS)
 	scripts/fuzz-dispatch 30
@@ -45,6 +45,12 @@ wheel: deps
 
 sdist: deps
 	$(PY) -m build --sdist --no-isolation --outdir dist .
+
+# ruff over all the Python code, mypy --strict over the package (settings
+# and each exception in pyproject.toml); make test runs it first.
+lint: deps
+	$(PY) -m ruff check pystream tests bench scripts/*.py fuzz/*.py
+	$(PY) -m mypy
 
 # The quick tests that need no broker (slow ones build wheels and venvs).
 unit: build

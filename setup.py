@@ -79,6 +79,9 @@ setup(
         "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8",
                  "mkdocstrings-python==2.0.11", "griffe==2.4.1",
                  "mkdocs-autorefs==1.4.5", "pymdown-extensions==13.1"],
+        # make lint: pinned, so a new release's rules fail no clean checkout;
+        # pyarrow-stubs since pyarrow ships no type information of its own
+        "lint": ["mypy==2.4.1", "ruff==0.17.6", "pyarrow-stubs==20.0.0.20260819"],
     },
     entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     zip_safe=False,

@@ -25,10 +25,11 @@ Clients, each run in a fresh process with its own connection:
 
 * ``wire``: the wire limit, ``bench/wire/wire consume`` in C: connects
   (inside its window, as pystream's consumer opens a connection to the
-  stream's node inside its own) and subscribes as pystream's consumer does (credit 1, then a Credit of 63: pystream's
-  most), ``recv``s into one 64 MiB buffer, walks frame sizes and chunk
-  headers, counts records, grants one credit per chunk received; never
-  reads an entry. What the broker and loopback TCP allow.
+  stream's node inside its own) and subscribes as pystream's consumer
+  does (credit 1, then a Credit of 63: pystream's most), ``recv``s into
+  one 64 MiB buffer, walks frame sizes and chunk headers, counts records,
+  grants one credit per chunk received; never reads an entry. What the broker
+  and loopback TCP allow.
 * ``pystream``: ``client.consumer(stream, offset="first")`` with its
   defaults (CRC on, AMQP decoded, ``body="view"``), one Arrow batch per chunk.
 * ``pystream-raw`` (not by default): the same with ``amqp=False``.
@@ -145,8 +146,14 @@ def read_rstream(uri: str, stream: str, target: int, body_size: int,
                  via: bool = False) -> dict:
     import asyncio
 
-    from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification,
-                         MessageContext, OffsetType, amqp_decoder)
+    from rstream import (
+        AMQPMessage,
+        Consumer,
+        ConsumerOffsetSpecification,
+        MessageContext,
+        OffsetType,
+        amqp_decoder,
+    )
 
     from pystream.uri import parse_uri
 

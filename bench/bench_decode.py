@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
-from tests.golden import amqp_data, chunk, deliver, simple_entry  # noqa: E402
 
 from pystream._core import decode  # noqa: E402
+from tests.golden import amqp_data, chunk, deliver, simple_entry  # noqa: E402
 
 FRAMES = 64             # chunks per buffer
 FRAME_BYTES = 1 << 20   # about this much entry data per chunk

@@ -61,9 +61,10 @@ sys.path.insert(0, str(HERE))
 import bench_consume  # noqa: E402
 import bench_publish  # noqa: E402
 import harness  # noqa: E402
+from relay.delay import DelayRelay  # noqa: E402
+
 from pystream.errors import StreamError  # noqa: E402
 from pystream.uri import parse_uri  # noqa: E402
-from relay.delay import DelayRelay  # noqa: E402
 
 CLIENTS = ("wire", "pystream", "rbfly", "rstream")
 PEERS = ("rbfly", "rstream")

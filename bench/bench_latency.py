@@ -83,8 +83,8 @@ import tempfile
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -206,7 +206,7 @@ def latency_result(recv_ns: np.ndarray, heads: np.ndarray, warmup: float,
         "messages": int(len(lat)), "received": int(len(seqs)), "sent": sent,
         "disorder": int(np.count_nonzero(np.diff(seqs) != 1)),
         "mean_ms": float(lat.mean()), "max_ms": float(lat.max()),
-        **{f"p{p:g}_ms": float(v) for p, v in zip(PERCENTILES, pct)},
+        **{f"p{p:g}_ms": float(v) for p, v in zip(PERCENTILES, pct, strict=True)},
         "curve": {"x": [round(float(x), 3) for x in xs],
                   "ms": [float(f"{v:.4g}") for v in curve]},
         "hist": [int(c) for c in hist],
@@ -335,8 +335,14 @@ def consume_rstream(uri: str, stream: str, warmup: float,
                     ready: Callable[[], None]) -> dict:
     import asyncio
 
-    from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification,
-                         MessageContext, OffsetType, amqp_decoder)
+    from rstream import (
+        AMQPMessage,
+        Consumer,
+        ConsumerOffsetSpecification,
+        MessageContext,
+        OffsetType,
+        amqp_decoder,
+    )
 
     from pystream.uri import parse_uri
 
@@ -480,7 +486,7 @@ def fmt_ms(x: float) -> str:
 def print_table(rate: int, by_client: dict[str, dict]) -> None:
     print(f"\n### {fmt_rate(rate)} msg/s  (medians of the runs; ms)")
     floor = by_client.get("wire", {}).get("p99_median_ms")
-    for name, r in by_client.items():
+    for _name, r in by_client.items():
         if "error" in r:
             print(f"   {r['label']:<16} FAILED: {r['error']}")
             continue
@@ -560,7 +566,7 @@ def plot(results: dict[int, dict[str, dict]], out_dir: Path) -> list[Path]:
     hi = min(len(HIST_EDGES_MS) - 1, max(u[-1] for u in used) + 2) if used else -1
     fig, axes = plt.subplots(len(rates), 1, figsize=(10, 3.2 * len(rates)),
                              sharex=True, squeeze=False)
-    for ax, rate in zip(axes[:, 0], rates):
+    for ax, rate in zip(axes[:, 0], rates, strict=True):
         for name, r in results[rate].items():
             if "hist" not in r:
                 continue

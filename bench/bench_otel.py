@@ -92,7 +92,10 @@ def setup_mode(mode: str, interval: float) -> None:
         from opentelemetry import metrics
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import (
-            MetricExporter, MetricExportResult, PeriodicExportingMetricReader)
+            MetricExporter,
+            MetricExportResult,
+            PeriodicExportingMetricReader,
+        )
 
         class Discard(MetricExporter):
             def export(self, metrics_data, timeout_millis=10_000, **kwargs):
@@ -329,7 +332,7 @@ def vs_absent(row: dict, mode: str) -> dict:
     if not (a and m):
         return {}
     pairs = [(x, y) for x, y in zip(row["clients"][mode]["runs"],
-                                    row["clients"]["absent"]["runs"])
+                                    row["clients"]["absent"]["runs"], strict=True)
              if "error" not in x and "error" not in y]
     rate = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"]) - 1
             for x, y in pairs]

@@ -66,6 +66,7 @@ sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
 from harness import PROGRESS, Window, make_body  # noqa: E402
+
 from pystream.errors import StreamError  # noqa: E402
 
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw", "rbfly",
@@ -121,9 +122,9 @@ def body_array(n: int, size: int):
 
 
 def publish_pystream(args, clock: Window, kind: str, via: bool = False) -> dict:
-    import pystream
-
     from bench_consume import through
+
+    import pystream
     n, batch = args.target, args.batch
     if kind == "pystream-arrow":
         bodies = body_array(n, args.body_size)

@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import harness  # noqa: E402
-from bench_consume import prefill  # noqa: E402
+import harness
+from bench_consume import prefill
 
 STREAM = "bench-100b"
 CACHE = pathlib.Path(os.environ.get("PYSTREAM_BENCH_CACHE",

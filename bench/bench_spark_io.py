@@ -42,10 +42,10 @@ import sys
 import pyarrow as pa
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import harness  # noqa: E402
-from harness import PROGRESS, Window  # noqa: E402
-from bench_consume import prefill  # noqa: E402
-from bench_spark import STREAM, ceiling_source  # noqa: E402
+import harness
+from bench_consume import prefill
+from bench_spark import STREAM, ceiling_source
+from harness import PROGRESS, Window
 
 TARGET = "bench-sparkio-target"
 BODY = bytes(100)
@@ -83,8 +83,8 @@ def producer_write(uri: str, count: int) -> dict:
 
 
 def range_alone(uri: str, stream: str, count: int) -> dict:
-    from pystream.spark import BrokerRef, plan_ranges, read_range
     import pystream
+    from pystream.spark import BrokerRef, plan_ranges, read_range
     broker = BrokerRef(pystream.parse_uri(uri).uri())
     name = pa.scalar(stream)
     window = Window()
@@ -111,6 +111,7 @@ def consume(uri: str, stream: str, count: int) -> dict:
 
 def duck(uri: str, stream: str, count: int) -> dict:
     import duckdb
+
     from pystream.spark import read_range
     window = Window()
     window.start()
@@ -196,8 +197,9 @@ def main() -> None:
         return child_main(args)
     names = harness.chosen(ap, args)
     info = harness.machine(args.uri)
-    import pystream
     from importlib import metadata
+
+    import pystream
     if not info["versions"].get("pystream"):  # built in place, not installed
         info["versions"]["pystream"] = getattr(pystream, "__version__", None)
     try:

@@ -28,9 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -428,7 +428,7 @@ def broker_version(uri: str, wait: float = 180) -> str:
 
 def machine(uri: str | None) -> dict:
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": git_commit(),
         "versions": versions(),
         "python": platform.python_version(),

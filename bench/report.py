@@ -1,7 +1,7 @@
 """The benchmark figures of README.md and of the documentation pages,
 rendered from the stored results.
 
-    .venv/bin/python bench/report.py            # rewrite the generated blocks of README.md and docs/
+    .venv/bin/python bench/report.py            # rewrite the blocks of README.md and docs/
     .venv/bin/python bench/report.py --check    # exit 1 if a block differs from the results
     .venv/bin/python bench/report.py FILE ...   # only these files
 
@@ -104,7 +104,7 @@ def how_fast() -> str:
     if latency:
         runs = "run" if latency["repeat"] == 1 else "runs"
         for r, by in latency["rates"].items():
-            def p99(name: str) -> str:
+            def p99(name: str, by: dict = by) -> str:
                 c = by.get(name)
                 if c is None:
                     return "–"
@@ -118,7 +118,8 @@ def how_fast() -> str:
     loads = [x[0] for res in (consume, publish, latency) if res
              for run in all_runs(res) for x in run.get("load", []) if x]
     if loads:
-        lines += ["", f"The load average (1 minute, {consume['machine']['cores'] if consume else '?'} "
+        cores = consume["machine"]["cores"] if consume else "?"
+        lines += ["", f"The load average (1 minute, {cores} "
                       f"cores) ranged from {min(loads):.1f} to {max(loads):.1f} during "
                       "these runs: the machine was shared with other builds and tests."]
     return "\n".join(lines) + "\n"
@@ -141,7 +142,7 @@ def consume_block() -> str:
     if not res:
         return "(no stored results: run `make bench`)\n"
     out = []
-    for key, row in res["rows"].items():
+    for _key, row in res["rows"].items():
         limit = med(row["clients"].get("wire", {}).get("summary"))
         out += [f"{count(row['messages'])} messages of {row['body_size']} B "
                 f"(`{row['stream']}`), medians of {res['repeat']} runs, every client reading "
@@ -185,7 +186,7 @@ def publish_block() -> str:
     if not res:
         return "(no stored results: run `make bench`)\n"
     out = []
-    for key, row in res["rows"].items():
+    for _key, row in res["rows"].items():
         limit = med(row["clients"].get("wire", {}).get("summary"))
         out += [f"{count(row['messages'])} messages of {row['body_size']} B, every "
                 f"confirm awaited, a fresh stream per run, medians of "

@@ -46,7 +46,8 @@ def paired(row: dict, name: str, ref: str) -> float | None:
     a = row["clients"].get(name, {}).get("runs", [])
     b = row["clients"].get(ref, {}).get("runs", [])
     xs = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"])
-          for x, y in zip(a, b) if "error" not in x and "error" not in y]
+          for x, y in zip(a, b, strict=False)  # a client absent from the row has no runs
+          if "error" not in x and "error" not in y]
     return statistics.median(xs) if xs else None
 
 

@@ -4,28 +4,48 @@ Deliver frames are decoded in C into Arrow columns; the documentation is
 in docs/ (README.md links its pages).
 """
 
+from . import metrics
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
 from .client import Client, StreamInfo, connect
 from .consumer import Consumer
 from .credit import Credit
-from .producer import Producer
-from .super_stream import SuperStreamProducer
-from .errors import (AccessRefused, AuthenticationFailure,
-                     AuthenticationFailureLoopback,
-                     CertificateVerificationError, ConnectionClosed,
-                     ConnectionLost, CorruptChunk, DataLoss, DecompressionLimit,
-                     FrameTooLarge, InternalError, MalformedMessage, NoOffset,
-                     PreconditionFailed, ProtocolError, PublishError,
-                     PublisherDoesNotExist,
-                     RequestTimeout, ResponseError, SaslError,
-                     SaslMechanismNotSupported, StreamAlreadyExists,
-                     StreamDoesNotExist, StreamError, StreamNotAvailable,
-                     SubscriptionIdAlreadyExists, SubscriptionIdDoesNotExist,
-                     TruncatedFrame, UnknownFrame, UnsupportedFeature,
-                     VirtualHostAccessFailure)
-from . import metrics
+from .errors import (
+    AccessRefused,
+    AuthenticationFailure,
+    AuthenticationFailureLoopback,
+    CertificateVerificationError,
+    ConnectionClosed,
+    ConnectionLost,
+    CorruptChunk,
+    DataLoss,
+    DecompressionLimit,
+    FrameTooLarge,
+    InternalError,
+    MalformedMessage,
+    NoOffset,
+    PreconditionFailed,
+    ProtocolError,
+    PublisherDoesNotExist,
+    PublishError,
+    RequestTimeout,
+    ResponseError,
+    SaslError,
+    SaslMechanismNotSupported,
+    StreamAlreadyExists,
+    StreamDoesNotExist,
+    StreamError,
+    StreamNotAvailable,
+    SubscriptionIdAlreadyExists,
+    SubscriptionIdDoesNotExist,
+    TruncatedFrame,
+    UnknownFrame,
+    UnsupportedFeature,
+    VirtualHostAccessFailure,
+)
 from .pool import AddressResolver, Endpoint
+from .producer import Producer
 from .records import Filter, Message
+from .super_stream import SuperStreamProducer
 from .tls import tls_context
 from .uri import BrokerAddress, parse_uri
 

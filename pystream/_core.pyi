@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +14,7 @@ Column = Literal["properties", "application_properties", "message_annotations", 
 Body = Literal["view", "binary"]
 ErrorPolicy = Literal["raise", "skip", "raw"]
 Codec = Literal["none", "gzip", "snappy", "lz4", "zstd"]
-Strings = pa.Array | pa.ChunkedArray
+Strings = pa.Array[Any] | pa.ChunkedArray[Any]
 
 def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 of ``data`` continuing from ``value``; same as zlib.crc32."""
@@ -105,9 +106,11 @@ class StreamDecoder(FrameReader):
 
 def encode_publish(publisher_id: int, first_publishing_id: int,
                    bodies: Strings | Sequence[bytes], *,
-                   properties: pa.StructArray | None = None,
-                   application_properties: pa.MapArray | None = None,
-                   message_annotations: pa.MapArray | None = None,
+                   # a struct array and two map<string, string> ones, each
+                   # checked at run time (a TypeError names a wrong type)
+                   properties: pa.Array[Any] | None = None,
+                   application_properties: pa.Array[Any] | None = None,
+                   message_annotations: pa.Array[Any] | None = None,
                    filter_values: Strings | None = None, amqp: bool = True,
                    compression: Codec | None = None, sub_batch_size: int = 100,
                    max_frame_size: int = 1 << 20) -> tuple[pa.Buffer, np.ndarray]:

@@ -10,14 +10,21 @@ from __future__ import annotations
 import datetime as dt
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .connection import Connection
-from .errors import (RECOVERABLE, ProtocolError, StreamAlreadyExists,
-                     StreamDoesNotExist, StreamError, StreamNotAvailable,
-                     error_for_code)
+from .errors import (
+    RECOVERABLE,
+    ProtocolError,
+    StreamAlreadyExists,
+    StreamDoesNotExist,
+    StreamError,
+    StreamNotAvailable,
+    error_for_code,
+)
 from .offsets import Offset, offset_spec
 from .pool import AddressResolver, ConnectionPool, Endpoint
 from .uri import BrokerAddress, parse_uri
@@ -146,16 +153,15 @@ class Admin:
         """Whether the broker has a feature of ``features.FIRST_RELEASE``."""
         return self.connection.features.supports(feature)
 
-    def _request(self, make: Any, context: str, *,
-                 tolerate: type[StreamError] | None = None) -> Any:
+    def _request(self, make: Callable[[int], P.Request], context: str, *,
+                 tolerate: type[StreamError] | None = None) -> None:
         """Send a request; an answer of class ``tolerate`` is not an error
         (the ``exist_ok`` / ``missing_ok`` flags)."""
         try:
-            return self.connection.request(make, context)
+            self.connection.request(make, context)
         except StreamError as exc:
             if tolerate is None or not isinstance(exc, tolerate):
                 raise
-            return None
 
     # --- streams --------------------------------------------------------------
 
@@ -188,8 +194,8 @@ class Admin:
     def metadata(self, *streams: str) -> dict[str, StreamInfo]:
         """Each stream's leader and replicas (``StreamInfo``); a missing stream's
         entry has ``error`` set rather than raising."""
-        answer = self._request(lambda c: P.Metadata(c, streams),
-                               f"metadata of {', '.join(streams)}")
+        answer = self.connection.query(P.MetadataResponse, lambda c: P.Metadata(c, streams),
+                                       f"metadata of {', '.join(streams)}")
         brokers = {b.reference: Endpoint(b.host, b.port) for b in answer.brokers}
         if brokers:
             self._nodes = tuple(brokers.values())
@@ -207,8 +213,8 @@ class Admin:
         ``committed_chunk_id``, and from 4.3 ``committed_offset`` (the last
         committed offset), ..."""
         self.connection.features.require("stream_stats")
-        answer = self._request(lambda c: P.StreamStats(c, stream),
-                               f"stream stats of {stream!r}")
+        answer = self.connection.query(P.StreamStatsResponse, lambda c: P.StreamStats(c, stream),
+                                       f"stream stats of {stream!r}")
         return dict(answer.stats)
 
     # --- offsets and publisher sequences --------------------------------------
@@ -225,8 +231,9 @@ class Admin:
         self.connection.features.require("resolve_offset_spec")
         spec = offset_spec(offset)
         props = filter.properties() if filter is not None else {}
-        answer = self._request(lambda c: P.ResolveOffsetSpec(c, stream, spec, props),
-                               f"resolve offset {offset!r} of {stream!r}")
+        answer = self.connection.query(
+            P.ResolveOffsetSpecResponse, lambda c: P.ResolveOffsetSpec(c, stream, spec, props),
+            f"resolve offset {offset!r} of {stream!r}")
         if answer.offset is None or answer.offset.type != P.OFFSET_OFFSET:
             raise ProtocolError(f"resolve offset of {stream!r}: the answer "
                                 f"holds no offset ({answer.offset!r})")
@@ -234,8 +241,9 @@ class Admin:
 
     def query_offset(self, stream: str, reference: str) -> int:
         """The offset stored for a consumer name; ``NoOffset`` if none."""
-        return self._request(lambda c: P.QueryOffset(c, reference, stream),
-                             f"query offset of {reference!r} on {stream!r}").offset
+        return self.connection.query(
+            P.QueryOffsetResponse, lambda c: P.QueryOffset(c, reference, stream),
+            f"query offset of {reference!r} on {stream!r}").offset
 
     def store_offset(self, stream: str, reference: str, offset: int) -> None:
         """Store a consumer's offset (the broker does not answer)."""
@@ -244,7 +252,8 @@ class Admin:
     def query_publisher_sequence(self, stream: str, reference: str) -> int:
         """The last publishing id the broker kept for a named producer, 0 if
         it knows none."""
-        return self._request(
+        return self.connection.query(
+            P.QueryPublisherSequenceResponse,
             lambda c: P.QueryPublisherSequence(c, reference, stream),
             f"query publisher sequence of {reference!r} on {stream!r}").sequence
 
@@ -252,14 +261,15 @@ class Admin:
 
     def partitions(self, super_stream: str) -> list[str]:
         """The partition streams of ``super_stream``, in order."""
-        return list(self._request(lambda c: P.Partitions(c, super_stream),
-                                  f"partitions of {super_stream!r}").streams)
+        return list(self.connection.query(
+            P.PartitionsResponse, lambda c: P.Partitions(c, super_stream),
+            f"partitions of {super_stream!r}").streams)
 
     def route(self, super_stream: str, routing_key: str) -> list[str]:
         """The partitions the broker's binding keys route ``routing_key`` to in
         ``super_stream``."""
-        return list(self._request(
-            lambda c: P.Route(c, routing_key, super_stream),
+        return list(self.connection.query(
+            P.RouteResponse, lambda c: P.Route(c, routing_key, super_stream),
             f"route {routing_key!r} in {super_stream!r}").streams)
 
     def create_super_stream(self, name: str, *, partitions: int | None = None,

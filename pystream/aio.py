@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -41,7 +42,7 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
+    def __getattr__(self, name: str) -> Any:  # a coroutine function, or an attribute
         method = getattr(self.client, name)
         if not callable(method):
             return method
@@ -101,7 +102,7 @@ class AsyncConsumer:
                 return None
             try:
                 await asyncio.wait_for(self._ready.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
 
     async def batches(self, timeout: float | None = None

@@ -8,14 +8,17 @@ DuckDB do)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol, Sequence, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 #: What a producer publishes: bodies, or a batch or table with a body column.
-Batch = Union[Sequence[bytes], pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table]
+#: (A string: pyarrow's classes take no type arguments at run time.)
+Batch: TypeAlias = ("Sequence[bytes] | pa.Array[Any] | pa.ChunkedArray[Any] | pa.RecordBatch"
+                    " | pa.Table")
 
 
 def take_rows(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
@@ -32,13 +35,15 @@ def take_rows(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
-def _take_views(array: pa.Array, rows: np.ndarray) -> pa.Array:
+def _take_views(array: pa.Array[Any], rows: np.ndarray) -> pa.Array[Any]:
     buffers = array.buffers()
-    views = np.frombuffer(buffers[1], dtype=np.uint64).reshape(-1, 2)
+    views_buffer = buffers[1]
+    assert views_buffer is not None  # a binary_view array always has its views
+    views = np.frombuffer(memoryview(views_buffer), dtype=np.uint64).reshape(-1, 2)
     gathered = views[array.offset:array.offset + len(array)][rows]
     validity = None
     if array.null_count:
-        validity = pc.take(array.is_valid(), rows).buffers()[1]
+        validity = array.is_valid().take(rows).buffers()[1]
     return pa.Array.from_buffers(pa.binary_view(), len(rows),
                                  [validity, pa.py_buffer(gathered)] + buffers[2:])
 
@@ -64,7 +69,7 @@ def as_batch(messages: Batch) -> pa.RecordBatch:
         batches = messages.combine_chunks().to_batches()
         if not batches:
             return pa.RecordBatch.from_pylist([], schema=messages.schema)
-        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
     if isinstance(messages, pa.RecordBatch):
         if "body" not in messages.schema.names:
             raise ValueError("a RecordBatch to publish needs a body column")
@@ -76,7 +81,7 @@ def as_batch(messages: Batch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([messages], names=["body"])
 
 
-def bytes_array(items: Sequence[Any]) -> pa.Array | None:
+def bytes_array(items: Sequence[Any]) -> pa.Array[Any] | None:
     """A list of ``bytes`` as a binary array over one joined buffer (None
     for anything else). ``pa.array`` on a list imports pandas the first
     time, to probe it: half a second on an idle machine, several on a busy
@@ -89,7 +94,7 @@ def bytes_array(items: Sequence[Any]) -> pa.Array | None:
     large = offsets[-1] >= 2**31
     offsets = offsets if large else offsets.astype(np.int32)
     return pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), n,
-                                 [None, pa.py_buffer(offsets),
+                                 [None, pa.py_buffer(offsets.data),
                                   pa.py_buffer(b"".join(items))])
 
 
@@ -118,7 +123,8 @@ class ArrowStream:
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
         reader = pa.RecordBatchReader.from_batches(self.schema, iter(self))
-        return reader.__arrow_c_stream__(requested_schema)
+        # pyarrow-stubs leave the PyCapsule methods unannotated
+        return reader.__arrow_c_stream__(requested_schema)  # type: ignore[no-untyped-call]
 
     def read_all(self) -> pa.Table:
         return pa.Table.from_batches(list(self), schema=self.schema)

@@ -35,11 +35,11 @@ class Client(Admin):
                  **options: Any) -> Producer | SuperStreamProducer:
         """Publish to ``stream``, or to the partitions of ``super_stream``
         (with ``routing_key=`` or ``route=``); see ``pystream.producer``."""
-        if (stream is None) == (super_stream is None):
-            raise ValueError("give a stream or super_stream=, not both")
-        if super_stream is not None:
+        if stream is not None and super_stream is None:
+            return Producer(self, stream, **options)
+        if super_stream is not None and stream is None:
             return SuperStreamProducer(self, super_stream, **options)
-        return Producer(self, stream, **options)  # type: ignore[arg-type]
+        raise ValueError("give a stream or super_stream=, not both")
 
 
 def connect(uri: str | BrokerAddress = "rabbitmq-stream://localhost",

@@ -19,23 +19,34 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import metrics
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
-from .errors import (ConnectionClosed, ConnectionLost, ProtocolError,
-                     RequestTimeout, SaslMechanismNotSupported, StreamError,
-                     error_for_code)
+from .errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    ProtocolError,
+    RequestTimeout,
+    SaslMechanismNotSupported,
+    StreamError,
+    error_for_code,
+)
 from .features import Features
 from .tls import certificate_error
 from .uri import BrokerAddress
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = logging.getLogger("pystream.connection")
 
 FrameHandler = Callable[[memoryview], None]
+_Answer = TypeVar("_Answer", bound=P.Command)
 
 
 class SubscriptionSink(Protocol):
@@ -62,7 +73,7 @@ class PublisherSink(Protocol):
 
     def on_confirm(self, frame: memoryview) -> None: ...
 
-    def on_publish_error(self, errors: tuple) -> None: ...
+    def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None: ...
 
     def on_metadata_update(self, code: int) -> None: ...
 
@@ -130,11 +141,11 @@ class Connection:
         self._publishers: dict[int, PublisherSink] = {}
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, Future[P.Command]] = {}
         self._next_corr = 1
         self._handlers: dict[int, FrameHandler] = {}
         self._close_listeners: list[Callable[[StreamError | None], None]] = []
-        self._tune: Future = Future()
+        self._tune: Future[P.Tune] = Future()
         self._error: StreamError | None = None
         self._closing = False  # we sent Close: the broker's EOF is expected
         self._closed = threading.Event()
@@ -197,13 +208,13 @@ class Connection:
                  "information": "pystream: RabbitMQ streams to Arrow"}
         if self.connection_name:
             props["connection_name"] = self.connection_name
-        peer = self.request(lambda c: P.PeerProperties(c, props),
-                            "peer properties", timeout=timeout)
+        peer = self.query(P.PeerPropertiesResponse, lambda c: P.PeerProperties(c, props),
+                          "peer properties", timeout=timeout)
         self.server_properties = dict(peer.properties)
         self.features = Features(self.server_properties.get("version", "0"))
 
-        mechanisms = self.request(P.SaslHandshake, "SASL handshake",
-                                  timeout=timeout).mechanisms
+        mechanisms = self.query(P.SaslHandshakeResponse, P.SaslHandshake, "SASL handshake",
+                                timeout=timeout).mechanisms
         if self.sasl_mechanism not in mechanisms:
             raise SaslMechanismNotSupported(
                 f"SASL mechanism {self.sasl_mechanism} is not offered by the "
@@ -247,13 +258,14 @@ class Connection:
         self._reader.max_frame_size = self.frame_max
         self.send(P.TuneResponse(self.frame_max, self.heartbeat))
 
-        opened = self.request(
-            lambda c: P.Open(c, self.address.virtual_host),
+        opened = self.query(
+            P.OpenResponse, lambda c: P.Open(c, self.address.virtual_host),
             f"open virtual host {self.address.virtual_host!r}", timeout=timeout)
         self.connection_properties = dict(opened.properties)
 
         if self.features.supports("exchange_command_versions"):
-            answer = self.request(
+            answer = self.query(
+                P.ExchangeCommandVersionsResponse,
                 lambda c: P.ExchangeCommandVersions(c, CLIENT_COMMAND_VERSIONS),
                 "exchange command versions", timeout=timeout)
             self.command_versions = {
@@ -339,7 +351,7 @@ class Connection:
     def send(self, cmd: P.Command) -> None:
         self.send_bytes(P.encode(cmd))
 
-    def send_bytes(self, data: bytes) -> None:
+    def send_bytes(self, data: bytes | pa.Buffer) -> None:
         self._check_open()
         try:
             with self._write_lock:  # the reader closes the socket under it
@@ -353,10 +365,10 @@ class Connection:
             raise err from exc
 
     def request(self, make: Callable[[int], P.Request], context: str, *,
-                timeout: float | None = None) -> P.Response:
+                timeout: float | None = None) -> P.Command:
         """Send the request ``make(correlation_id)`` and wait for its answer;
         a response code other than OK raises its error class."""
-        future: Future = Future()
+        future: Future[P.Command] = Future()
         with self._state_lock:
             self._check_open()
             corr = self._next_corr
@@ -374,6 +386,16 @@ class Connection:
                 self._pending.pop(corr, None)
         if response.response_code != P.RESPONSE_OK:
             raise error_for_code(response.response_code, context)
+        return response
+
+    def query(self, answer: type[_Answer], make: Callable[[int], P.Request], context: str,
+              *, timeout: float | None = None) -> _Answer:
+        """``request`` whose answer must be an ``answer``: another command
+        under the correlation id is a ``ProtocolError``."""
+        response = self.request(make, context, timeout=timeout)
+        if not isinstance(response, answer):
+            raise ProtocolError(f"{context}: the broker answered with "
+                                f"{type(response).__name__}, not {answer.__name__}")
         return response
 
     def _check_open(self) -> None:
@@ -444,7 +466,7 @@ class Connection:
                     continue
                 if event is None:
                     return
-                if type(event) is bytes:
+                if isinstance(event, bytes):
                     self._deliver(chunks)
                     self._dispatch(memoryview(event))
                 else:
@@ -482,10 +504,9 @@ class Connection:
                 publisher.on_confirm(frame)
                 return
         cmd = P.decode(frame)
-        corr = getattr(cmd, "correlation_id", None)
         if isinstance(cmd, (P.Response, P.MetadataResponse)):
             with self._state_lock:
-                future = self._pending.get(corr)  # type: ignore[arg-type]
+                future = self._pending.get(cmd.correlation_id)
             if future is None:
                 log.debug("answer to a request no longer waited for: %r", cmd)
             elif not future.done():
@@ -506,9 +527,11 @@ class Connection:
             if publisher is not None:
                 publisher.on_publish_error(cmd.errors)
         elif isinstance(cmd, P.MetadataUpdate):
-            for sink in [*self._sinks.values(), *self._publishers.values()]:
-                if sink.stream == cmd.stream:
-                    sink.on_metadata_update(cmd.code)
+            listeners: list[SubscriptionSink | PublisherSink] = [
+                *self._sinks.values(), *self._publishers.values()]
+            for listener in listeners:
+                if listener.stream == cmd.stream:
+                    listener.on_metadata_update(cmd.code)
         elif isinstance(cmd, P.Heartbeat):
             self.heartbeats_received += 1
         elif isinstance(cmd, P.Close):

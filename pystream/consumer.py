@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -295,7 +296,8 @@ class Consumer(Subscriptions):
                 self._send_credit(sub, n)
             if parts:
                 # Joined outside the lock: the reader threads queue meanwhile.
-                batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+                batch = (parts[0] if len(parts) == 1 else
+                         pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
                 if self.super_stream is not None:
                     batch = batch.replace_schema_metadata(
                         {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
@@ -325,11 +327,12 @@ class Consumer(Subscriptions):
         if not item.filtered:
             item.filtered = True
             if self.filter is not None and self.filter.post_filter is not None:
+                assert item.sub is not None and item.batch is not None  # not the end marker
                 rows = item.batch.num_rows
                 item.batch = self.filter.apply(item.batch)
-                item.sub.stats.filtered += rows - item.batch.num_rows  # type: ignore[union-attr]
+                item.sub.stats.filtered += rows - item.batch.num_rows
 
-    def _take(self, item: Queued, sends: list,
+    def _take(self, item: Queued, sends: list[tuple[Subscription, int]],
               max_rows: int | None) -> list[pa.RecordBatch]:
         """Hand rows from the head of the queue, and the chunks of the same
         stream queued behind it up to the batch limits: the parts of the
@@ -368,7 +371,7 @@ class Consumer(Subscriptions):
                 rows += more.num_rows
         return parts
 
-    def _hand(self, item: Queued, sends: list,
+    def _hand(self, item: Queued, sends: list[tuple[Subscription, int]],
               max_rows: int | None) -> pa.RecordBatch | None:
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
@@ -377,6 +380,7 @@ class Consumer(Subscriptions):
         assert sub is not None and chunk is not None
         self._filter(item)
         batch = item.batch
+        assert batch is not None
         total = batch.num_rows
         start = item.handed
         end = total if max_rows is None else min(total, start + max_rows)

@@ -51,7 +51,7 @@ class CertificateVerificationError(StreamError):
         self.where, self.reason, self.hint = where, reason, hint
         self.untrusted = untrusted
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[StreamError], tuple[str, str, str], dict[str, object]]:
         return (type(self), (self.where, self.reason, self.hint), self.__dict__)
 
     def with_trust_hint(self, hint: str) -> CertificateVerificationError:

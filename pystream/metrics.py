@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .uri import BrokerAddress
@@ -140,8 +141,10 @@ class PublisherStats:
 
 
 _lock = threading.Lock()
-_consumer_stats: dict[tuple, ConsumerStats] = {}
-_publisher_stats: dict[tuple, PublisherStats] = {}
+_Stats = TypeVar("_Stats")
+# keyed by (host, port, stream, consumer name)
+_consumer_stats: dict[tuple[str, int, str, str | None], ConsumerStats] = {}
+_publisher_stats: dict[tuple[str, int, str], PublisherStats] = {}
 _connections: dict[tuple[str, int], int] = {}
 # Live subscriptions, for the gauges (credit, buffers, lag, stored offset).
 _subscriptions: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -333,10 +336,11 @@ def recovered(role: str, cause: str, stream: str, seconds: float,
         inst.recovery.record(seconds, _recovery_attributes(key))
 
 
-_recoveries: dict[tuple, int] = {}
+RecoveryKey = tuple[str, int, str, str, str]  # host, port, stream, role, cause
+_recoveries: dict[RecoveryKey, int] = {}
 
 
-def _recovery_attributes(key: tuple) -> Attributes:
+def _recovery_attributes(key: RecoveryKey) -> Attributes:
     host, port, stream, role, cause = key
     return {"messaging.system": SYSTEM, "server.address": host,
             "server.port": port, "messaging.destination.name": stream,
@@ -345,7 +349,7 @@ def _recovery_attributes(key: tuple) -> Attributes:
 
 # --- what the observable instruments read -----------------------------------------
 
-def _snapshot(table: dict) -> list:
+def _snapshot(table: dict[Any, _Stats]) -> list[_Stats]:
     with _lock:
         return list(table.values())
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Callable, Union
+from collections.abc import Callable
 
 from . import protocol as P
 
 #: What ``Client.consumer(offset=...)`` accepts.
-Offset = Union[str, int, dt.datetime]
+Offset = str | int | dt.datetime
 
 NAMED = {"first": P.OFFSET_FIRST, "last": P.OFFSET_LAST, "next": P.OFFSET_NEXT}
 

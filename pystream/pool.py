@@ -9,8 +9,9 @@ pool opens those connections, shares each between up to
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from .connection import Connection
 from .uri import BrokerAddress

@@ -16,8 +16,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,21 +28,43 @@ from . import metrics
 from . import protocol as P
 from ._core import encode_publish, schema
 from .arrow import Batch, as_batch
-from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
-                     ConnectionLost, PublishError, PublisherDoesNotExist,
-                     RequestTimeout, StreamError, next_retry_delay)
+from .errors import (
+    FIRST_RETRY_DELAY,
+    RECOVERABLE,
+    ConnectionClosed,
+    ConnectionLost,
+    PublisherDoesNotExist,
+    PublishError,
+    RequestTimeout,
+    StreamError,
+    next_retry_delay,
+)
 
 if TYPE_CHECKING:
+    from ._core import Codec
     from .admin import Admin
     from .connection import Connection
 
 log = logging.getLogger("pystream.producer")
 
-FilterValue = Union[str, Callable[[pa.RecordBatch], Any], None]
+FilterValue = str | Callable[[pa.RecordBatch], Any] | None
+#: A message ``send`` buffers: body, properties, application properties,
+#: message annotations, filter value, and its future.
+_Row = tuple[bytes, dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None,
+             str | None, Future[int]]
 
 PROPERTIES = schema(columns=["properties"]).field("properties").type
 STRING_MAP = pa.map_(pa.string(), pa.string())
-CODECS = (None, "none", "gzip", "snappy", "lz4", "zstd")
+CODECS: tuple[None, Codec, Codec, Codec, Codec, Codec] = (
+    None, "none", "gzip", "snappy", "lz4", "zstd")
+
+
+def codec(name: str | None) -> Codec | None:
+    """``name``, checked against the codecs the encoder knows."""
+    for known in CODECS:
+        if name == known:
+            return known
+    raise ValueError(f"compression must be one of {CODECS[1:]}")
 
 
 class _Batch:
@@ -50,14 +73,14 @@ class _Batch:
     __slots__ = ("first_id", "counts", "remaining", "messages", "frames",
                  "future", "message_futures", "failures")
 
-    def __init__(self, first_id: int, counts: np.ndarray, frames: bytes,
-                 message_futures: list[Future] | None) -> None:
+    def __init__(self, first_id: int, counts: np.ndarray, frames: pa.Buffer | bytes,
+                 message_futures: list[Future[int]] | None) -> None:
         self.first_id = first_id
         self.counts = counts                # messages per publishing id
         self.remaining = len(counts)        # ids not yet confirmed or refused
         self.messages = int(counts.sum())
         self.frames = frames
-        self.future: Future = Future()
+        self.future: Future[int] = Future()  # resolves to the last id
         self.message_futures = message_futures
         self.failures: list[tuple[int, int]] = []
 
@@ -121,8 +144,7 @@ class Producer:
                  compression: str | None = None, sub_batch_size: int = 100,
                  filter_value: FilterValue = None, max_in_flight: int = 100_000,
                  amqp: bool = True, recovery_timeout: float = 300.0) -> None:
-        if compression not in CODECS:
-            raise ValueError(f"compression must be one of {CODECS[1:]}")
+        checked_compression = codec(compression)
         if compression not in (None, "none") and filter_value is not None:
             raise ValueError("filter values cannot be combined with "
                              "compressed sub-batches")
@@ -135,7 +157,7 @@ class Producer:
         self.name = name
         self.batch_size = batch_size
         self.linger = linger_ms / 1000.0
-        self.compression = compression
+        self.compression = checked_compression
         self.sub_batch_size = sub_batch_size
         self.filter_value = filter_value
         self.max_in_flight = max_in_flight
@@ -149,7 +171,7 @@ class Producer:
         self._buffer_lock = threading.Lock()
         self._pending: deque[_Batch] = deque()
         self._in_flight = 0
-        self._buffer: list[tuple] = []
+        self._buffer: list[_Row] = []
         self._closed = False
         self._error: BaseException | None = None
         self._connection: Connection | None = None
@@ -186,13 +208,13 @@ class Producer:
     def send(self, body: bytes, *, properties: dict[str, Any] | None = None,
              application_properties: dict[str, Any] | None = None,
              message_annotations: dict[str, Any] | None = None,
-             filter_value: str | None = None) -> Future:
+             filter_value: str | None = None) -> Future[int]:
         """Queue one message; the future resolves to its publishing id.
         A symbol that is not ASCII (an annotation key, ``content_type``,
         ``content_encoding``) raises ``ValueError`` here, before it is
         queued."""
         _check_symbols(properties, message_annotations)
-        future: Future = Future()
+        future: Future[int] = Future()
         with self._cond:
             self._check()
             self._buffer.append((body, properties, application_properties,
@@ -205,13 +227,13 @@ class Producer:
         return future
 
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
-                   filter_values: Any = None) -> Future:
+                   filter_values: Any = None) -> Future[int]:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids this producer sent,
         and ids the broker already has for ``name`` are dropped by it."""
         batch = as_batch(messages)
         if batch.num_rows == 0:
-            done: Future = Future()
+            done: Future[int] = Future()
             done.set_result(self.last_publishing_id)
             return done
         if filter_values is None:
@@ -268,9 +290,9 @@ class Producer:
             if rows:
                 self._publish_rows(rows)
 
-    def _publish_rows(self, rows: list[tuple]) -> None:
-        bodies, props, app, ann, filters, futures = zip(*rows)
-        columns = {"body": pa.array(bodies, pa.binary())}
+    def _publish_rows(self, rows: list[_Row]) -> None:
+        bodies, props, app, ann, filters, futures = zip(*rows, strict=True)
+        columns: dict[str, pa.Array[Any]] = {"body": pa.array(bodies, pa.binary())}
         if any(p is not None for p in props):
             columns["properties"] = pa.array(props, PROPERTIES)
         for key, values in (("application_properties", app),
@@ -292,7 +314,7 @@ class Producer:
 
     def _publish(self, batch: pa.RecordBatch, filter_values: Any,
                  publishing_id: int | None,
-                 message_futures: list[Future] | None) -> Future:
+                 message_futures: list[Future[int]] | None) -> Future[int]:
         n = batch.num_rows
         with self._cond:
             # Back-pressure: wait for confirms rather than grow memory (not
@@ -347,7 +369,7 @@ class Producer:
         self._gone_since = None
         self._settle(ids.astype(np.int64), [])
 
-    def on_publish_error(self, errors: tuple) -> None:
+    def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         """The connection's reader thread hands PublishError entries here:
         their futures raise ``PublishError`` with the broker's code, except
         a refusal for want of the publisher, sent again after recovery."""
@@ -456,15 +478,14 @@ class Producer:
         while not self._closed:
             try:
                 with self._send_lock:
-                    self._connect()
+                    connection = self._connect()
                     with self._cond:
                         frames = [b.frames for b in self._pending]
                         first = (self._pending[0].first_id if self._pending
                                  else None)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
-                        self._connection.send_bytes(  # type: ignore[union-attr]
-                            _with_publisher_id(f, self._publisher_id))
+                        connection.send_bytes(_with_publisher_id(f, self._publisher_id))
                         self._stats.written_bytes += len(f)
                 with self._cond:
                     again, self._lost_again = self._lost_again, None
@@ -503,7 +524,7 @@ class Producer:
         metrics.recovered("producer", cause, self.stream, seconds,
                           self.client.address)
 
-    def _connect(self) -> None:
+    def _connect(self) -> Connection:
         endpoint = self.client.locate(self.stream, replica=False)
         conn = self.client.pool.acquire(endpoint)
         try:
@@ -519,6 +540,7 @@ class Producer:
             self.client.pool.release(conn)
             raise
         self._connection, self._publisher_id = conn, pid
+        return conn
 
     def _disconnect(self, *, delete: bool) -> None:
         conn, self._connection = self._connection, None
@@ -563,12 +585,12 @@ class Producer:
                 pass  # the futures carry the error
 
 
-def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array[Any] | None:
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
 
 
-def _with_publisher_id(frames: bytes, publisher_id: int) -> bytes:
+def _with_publisher_id(frames: pa.Buffer | bytes, publisher_id: int) -> bytes:
     """The frames with another publisher id (after a reconnection)."""
     out = bytearray(frames)
     pos = 0
@@ -588,6 +610,6 @@ def _check_symbols(properties: dict[str, Any] | None,
         if isinstance(value, str) and not value.isascii():
             raise ValueError(f"{name} is not ASCII (an AMQP symbol): {value!r}")
     for key in message_annotations or {}:
-        if isinstance(key, str) and not key.isascii():
+        if not str(key).isascii():  # keys are encoded as str(key)
             raise ValueError(f"message_annotations: the key {key!r} is not ASCII "
                              "(keys are AMQP symbols)")

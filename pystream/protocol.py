@@ -15,11 +15,35 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .errors import ProtocolError, TruncatedFrame
-from .wire import (BYTES, I64, OFFSET_FIRST, OFFSET_LAST, OFFSET_NEXT,
-                   OFFSET_NONE, OFFSET_OFFSET, OFFSET_SPEC, OFFSET_TIMESTAMP,
-                   STRING, STRING_MAP, U8, U16, U32, U64, Array, Map, OffsetSpec,
-                   Reader, Record, Rest, RouteStreams, Trailing, Writer,
-                   read_fields, write_fields)
+from .wire import (
+    BYTES,
+    I64,
+    OFFSET_FIRST,
+    OFFSET_LAST,
+    OFFSET_NEXT,
+    OFFSET_NONE,
+    OFFSET_OFFSET,
+    OFFSET_SPEC,
+    OFFSET_TIMESTAMP,
+    STRING,
+    STRING_MAP,
+    U8,
+    U16,
+    U32,
+    U64,
+    Array,
+    Fields,
+    Map,
+    OffsetSpec,
+    Reader,
+    Record,
+    Rest,
+    RouteStreams,
+    Trailing,
+    Writer,
+    read_fields,
+    write_fields,
+)
 
 __all__ = ["OFFSET_FIRST", "OFFSET_LAST", "OFFSET_NEXT", "OFFSET_NONE",
            "OFFSET_OFFSET", "OFFSET_TIMESTAMP", "OffsetSpec"]
@@ -37,9 +61,9 @@ COMMANDS: dict[int, type[Command]] = {}
 @dataclass(frozen=True)
 class Command:
     KEY: ClassVar[int]
-    FIELDS: ClassVar[tuple]
+    FIELDS: ClassVar[Fields]
     # Versions whose layout differs list their fields here.
-    FIELDS_BY_VERSION: ClassVar[dict[int, tuple]] = {}
+    FIELDS_BY_VERSION: ClassVar[dict[int, Fields]] = {}
 
     version: int = field(default=1, kw_only=True)
 
@@ -49,7 +73,7 @@ class Command:
             COMMANDS[cls.KEY] = cls
 
     @classmethod
-    def fields_for(cls, version: int) -> tuple:
+    def fields_for(cls, version: int) -> Fields:
         return cls.FIELDS_BY_VERSION.get(version, cls.FIELDS)
 
     @property
@@ -89,7 +113,8 @@ def decode(frame: bytes | memoryview) -> Command:
 def frame_key(frame: bytes | memoryview) -> int:
     if len(frame) < 4:
         raise TruncatedFrame(f"frame of {len(frame)} bytes", position=0)
-    return struct.unpack_from(">H", frame, 0)[0]
+    key: int = struct.unpack_from(">H", frame, 0)[0]
+    return key
 
 
 CORR = ("correlation_id", U32)
@@ -107,7 +132,7 @@ class Response(Command):
 
     correlation_id: int
     code: int
-    FIELDS = (CORR, CODE)
+    FIELDS: ClassVar[Fields] = (CORR, CODE)
 
 
 # 0x0001
@@ -129,7 +154,7 @@ class DeclarePublisherResponse(Response):
 class Message:
     publishing_id: int
     data: bytes
-    FIELDS = (("publishing_id", U64), ("data", BYTES))
+    FIELDS: ClassVar[Fields] = (("publishing_id", U64), ("data", BYTES))
 
 
 @dataclass(frozen=True)
@@ -137,7 +162,7 @@ class FilteredMessage:
     publishing_id: int
     filter_value: str | None
     data: bytes
-    FIELDS = (("publishing_id", U64), ("filter_value", STRING),
+    FIELDS: ClassVar[Fields] = (("publishing_id", U64), ("filter_value", STRING),
               ("data", BYTES))
 
 
@@ -146,7 +171,7 @@ class FilteredMessage:
 class Publish(Command):
     KEY = 0x0002
     publisher_id: int
-    messages: tuple
+    messages: tuple[Message, ...] | tuple[FilteredMessage, ...]
     FIELDS = (("publisher_id", U8), ("messages", Array(Record(Message))))
     FIELDS_BY_VERSION = {2: (("publisher_id", U8),
                              ("messages", Array(Record(FilteredMessage))))}
@@ -157,7 +182,7 @@ class Publish(Command):
 class PublishConfirm(Command):
     KEY = 0x0003
     publisher_id: int
-    publishing_ids: tuple
+    publishing_ids: tuple[int, ...]
     FIELDS = (("publisher_id", U8), ("publishing_ids", Array(U64)))
 
 
@@ -165,7 +190,7 @@ class PublishConfirm(Command):
 class PublishingError:
     publishing_id: int
     code: int
-    FIELDS = (("publishing_id", U64), ("code", U16))
+    FIELDS: ClassVar[Fields] = (("publishing_id", U64), ("code", U16))
 
 
 # 0x0004
@@ -173,7 +198,7 @@ class PublishingError:
 class PublishError(Command):
     KEY = 0x0004
     publisher_id: int
-    errors: tuple
+    errors: tuple[PublishingError, ...]
     FIELDS = (("publisher_id", U8), ("errors", Array(Record(PublishingError))))
 
 
@@ -213,7 +238,7 @@ class Subscribe(Request):
     stream: str
     offset: OffsetSpec
     credit: int
-    properties: dict = field(default_factory=dict)
+    properties: dict[str, str] = field(default_factory=dict)
     FIELDS = (CORR, ("subscription_id", U8), ("stream", STRING),
               ("offset", OFFSET_SPEC), ("credit", U16),
               ("properties", Trailing(STRING_MAP, {})))
@@ -296,7 +321,7 @@ class UnsubscribeResponse(Response):
 class Create(Request):
     KEY = 0x000D
     stream: str
-    arguments: dict
+    arguments: dict[str, str]
     FIELDS = (CORR, ("stream", STRING), ("arguments", STRING_MAP))
 
 
@@ -320,7 +345,7 @@ class DeleteResponse(Response):
 @dataclass(frozen=True)
 class Metadata(Request):
     KEY = 0x000F
-    streams: tuple
+    streams: tuple[str, ...]
     FIELDS = (CORR, ("streams", Array(STRING)))
 
 
@@ -329,7 +354,7 @@ class Broker:
     reference: int
     host: str
     port: int
-    FIELDS = (("reference", U16), ("host", STRING), ("port", U32))
+    FIELDS: ClassVar[Fields] = (("reference", U16), ("host", STRING), ("port", U32))
 
 
 NO_LEADER = 0xFFFF
@@ -340,8 +365,8 @@ class StreamMetadata:
     stream: str
     code: int
     leader: int  # a Broker reference, NO_LEADER when there is none
-    replicas: tuple
-    FIELDS = (("stream", STRING), ("code", U16), ("leader", U16),
+    replicas: tuple[int, ...]
+    FIELDS: ClassVar[Fields] = (("stream", STRING), ("code", U16), ("leader", U16),
               ("replicas", Array(U16)))
 
 
@@ -349,8 +374,8 @@ class StreamMetadata:
 class MetadataResponse(Command):
     KEY = 0x800F
     correlation_id: int
-    brokers: tuple
-    streams: tuple
+    brokers: tuple[Broker, ...]
+    streams: tuple[StreamMetadata, ...]
     FIELDS = (CORR, ("brokers", Array(Record(Broker))),
               ("streams", Array(Record(StreamMetadata))))
 
@@ -368,14 +393,14 @@ class MetadataUpdate(Command):
 @dataclass(frozen=True)
 class PeerProperties(Request):
     KEY = 0x0011
-    properties: dict
+    properties: dict[str, str]
     FIELDS = (CORR, ("properties", STRING_MAP))
 
 
 @dataclass(frozen=True)
 class PeerPropertiesResponse(Response):
     KEY = 0x8011
-    properties: dict
+    properties: dict[str, str]
     FIELDS = (CORR, CODE, ("properties", STRING_MAP))
 
 
@@ -389,7 +414,7 @@ class SaslHandshake(Request):
 @dataclass(frozen=True)
 class SaslHandshakeResponse(Response):
     KEY = 0x8012
-    mechanisms: tuple
+    mechanisms: tuple[str, ...]
     FIELDS = (CORR, CODE, ("mechanisms", Array(STRING)))
 
 
@@ -434,7 +459,7 @@ class Open(Request):
 @dataclass(frozen=True)
 class OpenResponse(Response):
     KEY = 0x8015
-    properties: dict = field(default_factory=dict)
+    properties: dict[str, str] = field(default_factory=dict)
     FIELDS = (CORR, CODE, ("properties", Trailing(STRING_MAP, {})))
 
 
@@ -470,7 +495,7 @@ class Route(Request):
 @dataclass(frozen=True)
 class RouteResponse(Response):
     KEY = 0x8018
-    streams: tuple
+    streams: tuple[str, ...]
     FIELDS = (CORR, CODE, ("streams", RouteStreams()))
 
 
@@ -485,7 +510,7 @@ class Partitions(Request):
 @dataclass(frozen=True)
 class PartitionsResponse(Response):
     KEY = 0x8019
-    streams: tuple
+    streams: tuple[str, ...]
     FIELDS = (CORR, CODE, ("streams", Array(STRING)))
 
 
@@ -510,21 +535,21 @@ class CommandVersion:
     key: int
     min_version: int
     max_version: int
-    FIELDS = (("key", U16), ("min_version", U16), ("max_version", U16))
+    FIELDS: ClassVar[Fields] = (("key", U16), ("min_version", U16), ("max_version", U16))
 
 
 # 0x001b (RabbitMQ 3.11+)
 @dataclass(frozen=True)
 class ExchangeCommandVersions(Request):
     KEY = 0x001B
-    commands: tuple
+    commands: tuple[CommandVersion, ...]
     FIELDS = (CORR, ("commands", Array(Record(CommandVersion))))
 
 
 @dataclass(frozen=True)
 class ExchangeCommandVersionsResponse(Response):
     KEY = 0x801B
-    commands: tuple
+    commands: tuple[CommandVersion, ...]
     FIELDS = (CORR, CODE, ("commands", Array(Record(CommandVersion))))
 
 
@@ -539,7 +564,7 @@ class StreamStats(Request):
 @dataclass(frozen=True)
 class StreamStatsResponse(Response):
     KEY = 0x801C
-    stats: dict
+    stats: dict[str, int]
     FIELDS = (CORR, CODE, ("stats", Map(STRING, I64)))
 
 
@@ -548,9 +573,9 @@ class StreamStatsResponse(Response):
 class CreateSuperStream(Request):
     KEY = 0x001D
     name: str
-    partitions: tuple
-    binding_keys: tuple
-    arguments: dict
+    partitions: tuple[str, ...]
+    binding_keys: tuple[str, ...]
+    arguments: dict[str, str]
     FIELDS = (CORR, ("name", STRING), ("partitions", Array(STRING)),
               ("binding_keys", Array(STRING)), ("arguments", STRING_MAP))
 
@@ -583,7 +608,7 @@ class ResolveOffsetSpec(Request):
     KEY = 0x001F
     stream: str
     offset: OffsetSpec
-    properties: dict = field(default_factory=dict)
+    properties: dict[str, str] = field(default_factory=dict)
     FIELDS = (CORR, ("stream", STRING), ("offset", OFFSET_SPEC),
               ("properties", Trailing(STRING_MAP, {})))
 

@@ -15,11 +15,13 @@ size is an upper bound of its records.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import os
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -34,7 +36,7 @@ from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
-Bound = Union[str, int, dt.datetime]
+Bound = str | int | dt.datetime
 
 POLL = 0.2  # seconds between looks at the position while no records come
 FIRST_CHUNK_WAIT = 2.0  # seconds without a first chunk that prove none is due
@@ -105,7 +107,7 @@ class BrokerRef:
                            sasl_mechanism=self.sasl_mechanism)
 
 
-Broker = Union[str, BrokerRef]
+Broker = str | BrokerRef
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,8 @@ class StreamBounds:
     last_timestamp: dt.datetime | None
 
 
-_clients: dict[tuple, Client] = {}
+# by broker and connection options
+_clients: dict[tuple[Broker, tuple[tuple[str, Any], ...]], Client] = {}
 _clients_pid = os.getpid()
 _clients_lock = threading.Lock()
 
@@ -187,9 +190,9 @@ def stream_bounds(client: Client, stream: str, *, exact: bool = True) -> StreamB
     first = _first_of(client, stream, stats)
     if first is None:
         return StreamBounds(0, 0, None)
-    end, last_timestamp = _read_last_chunk(client, stream)
-    if end is None:  # offset-tracking chunks only: no record to read
-        end = first
+    last_end, last_timestamp = _read_last_chunk(client, stream)
+    # offset-tracking chunks only (None): no record to read
+    end = first if last_end is None else last_end
     return StreamBounds(min(first, end), end, last_timestamp)
 
 
@@ -248,7 +251,7 @@ def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> 
 
 def read_range(broker: Broker, stream: str, start: int, end: int, *,
                timeout: float = 60.0, fail_on_data_loss: bool = False,
-               connection_options: dict | None = None,
+               connection_options: dict[str, Any] | None = None,
                **consumer_options: Any) -> ArrowStream:
     """The records of ``stream`` from ``start`` up to ``end`` (exclusive) as
     Arrow batches, trimmed at both ends, in an ``ArrowStream`` (iterate it,
@@ -268,8 +271,8 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
 
 
 def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: float,
-                fail_on_data_loss: bool, connection_options: dict | None,
-                consumer_options: dict) -> Iterator[pa.RecordBatch]:
+                fail_on_data_loss: bool, connection_options: dict[str, Any] | None,
+                consumer_options: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     if end <= start:
         return
     client = client_for(broker, connection_options)
@@ -331,12 +334,13 @@ def _past_last_user_chunk(client: Client, stream: str, start: int, end: int,
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],
-                start: Bound | dict = "earliest", end: Bound | dict = "latest", *,
+                start: Bound | dict[str, Bound] = "earliest",
+                end: Bound | dict[str, Bound] = "latest", *,
                 min_partitions: int | None = None,
                 max_records_per_partition: int | None = None,
                 min_records_per_partition: int = MIN_RANGE,
                 fail_on_data_loss: bool = False,
-                connection_options: dict | None = None) -> list[OffsetRange]:
+                connection_options: dict[str, Any] | None = None) -> list[OffsetRange]:
     """Concrete ranges covering ``start``..``end`` of each stream, resolved
     now (so every reader reads a fixed range). ``start`` and ``end`` are a
     bound or a dict of them per stream (missing streams: earliest, latest).
@@ -355,12 +359,12 @@ def plan_ranges(broker: Broker, streams: Iterable[str],
                         min_records_per_partition)
 
 
-def bound_for(bound: Bound | dict, stream: str, default: Bound) -> Bound:
+def bound_for(bound: Bound | dict[str, Bound], stream: str, default: Bound) -> Bound:
     """``bound``, or its entry for ``stream`` when it is a dict per stream."""
     return bound.get(stream, default) if isinstance(bound, dict) else bound
 
 
-def start_offset(start: Bound | dict, client: Client, stream: str,
+def start_offset(start: Bound | dict[str, Bound], client: Client, stream: str,
                  bounds: StreamBounds, fail_on_data_loss: bool) -> int:
     """A concrete start (missing from a dict: earliest), checked against
     what retention kept: before the first record it raises ``DataLoss`` if
@@ -390,6 +394,6 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
         if max_records:
             parts = max(parts, math.ceil(r.size / max_records))
         cuts = [r.start + r.size * i // parts for i in range(parts + 1)]
-        out += [OffsetRange(r.stream, a, b) for a, b in zip(cuts, cuts[1:])]
+        out += [OffsetRange(r.stream, a, b) for a, b in itertools.pairwise(cuts)]
     return out
 

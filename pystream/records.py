@@ -4,15 +4,16 @@ vectorised post filter."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrow import filter_batch, rows_matching, take_rows
 
-PostFilter = Union[pc.Expression, Callable[[pa.RecordBatch], Any]]
+PostFilter = pc.Expression | Callable[[pa.RecordBatch], Any]
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ class Message:
     @property
     def offset(self) -> int:
         """The record's offset in its stream."""
-        return self._batch.column(0)[self._row].as_py()
+        offset: int = self._batch.column(0)[self._row].as_py()
+        return offset
 
     @property
     def timestamp(self) -> Any:
@@ -76,13 +78,15 @@ class Message:
     @property
     def body(self) -> bytes:
         """The body, as bytes."""
-        return self._batch.column(2)[self._row].as_py()
+        body: bytes = self._batch.column(2)[self._row].as_py()
+        return body
 
     @property
     def properties(self) -> dict[str, Any] | None:
         """The AMQP properties as a dict (``None`` when the column was not
         decoded or the message has none)."""
-        return self._get("properties")
+        properties: dict[str, Any] | None = self._get("properties")
+        return properties
 
     @property
     def application_properties(self) -> dict[str, str] | None:
@@ -102,7 +106,8 @@ class Message:
     def header(self) -> dict[str, Any] | None:
         """The AMQP header as a dict (``None`` when the column was not decoded
         or the message has none)."""
-        return self._get("header")
+        header: dict[str, Any] | None = self._get("header")
+        return header
 
     def __repr__(self) -> str:
         return f"<Message offset={self.offset} body={self.body[:32]!r}>"

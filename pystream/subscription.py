@@ -15,15 +15,23 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import metrics
 from . import protocol as P
 from ._core import Chunk
 from .credit import Credit, CreditController, subscribe_credit
-from .errors import (FIRST_RETRY_DELAY, RECOVERABLE, ConnectionClosed,
-                     ConnectionLost, NoOffset, StreamDoesNotExist, StreamError,
-                     next_retry_delay)
+from .errors import (
+    FIRST_RETRY_DELAY,
+    RECOVERABLE,
+    ConnectionClosed,
+    ConnectionLost,
+    NoOffset,
+    StreamDoesNotExist,
+    StreamError,
+    next_retry_delay,
+)
 from .offsets import OffsetTracker
 from .records import Filter
 

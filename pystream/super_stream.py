@@ -4,8 +4,9 @@ by key, as the Java and Go clients route them."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,7 @@ class SuperStreamProducer:
 
     def _keys(self, batch: pa.RecordBatch) -> Any:
         key = self.routing_key
+        assert key is not None  # without route, __init__ required a routing_key
         if callable(key):
             return key(batch)
         if key in batch.schema.names:
@@ -62,12 +64,12 @@ class SuperStreamProducer:
         return pc.map_lookup(batch.column("application_properties"),
                              pa.scalar(key), "first")
 
-    def send_batch(self, messages: Batch) -> Future:
+    def send_batch(self, messages: Batch) -> Future[None]:
         """Route and publish; the future resolves when every partition
         confirmed its share."""
         batch = as_batch(messages)
         parts = self.partition_of(batch)
-        futures = []
+        futures: list[Future[int]] = []
         for i, producer in enumerate(self._producers):
             rows = np.nonzero(parts == i)[0]
             if len(rows):
@@ -86,20 +88,21 @@ class SuperStreamProducer:
             p.close()
 
 
-def _all_of(futures: list[Future]) -> Future:
-    combined: Future = Future()
+def _all_of(futures: list[Future[int]]) -> Future[None]:
+    combined: Future[None] = Future()
     if not futures:
         combined.set_result(None)
         return combined
     left = [len(futures)]
     lock = threading.Lock()
 
-    def one_done(f: Future) -> None:
+    def one_done(f: Future[int]) -> None:
         with lock:
             left[0] -= 1
             last = left[0] == 0
-        if f.exception() is not None and not combined.done():
-            combined.set_exception(f.exception())  # type: ignore[arg-type]
+        error = f.exception()
+        if error is not None and not combined.done():
+            combined.set_exception(error)
         elif last and not combined.done():
             combined.set_result(None)
 

@@ -8,8 +8,9 @@ map an i32 count of key/value pairs; integers are big-endian. Commands
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from .errors import ProtocolError, TruncatedFrame
 
@@ -45,8 +46,9 @@ class Reader:
         self.pos += n
         return out
 
-    def unpack(self, st: struct.Struct) -> Any:
-        return st.unpack(self.take(st.size))[0]
+    def unpack(self, st: struct.Struct) -> int:
+        value: int = st.unpack(self.take(st.size))[0]  # every Struct here is one integer
+        return value
 
 
 class Writer:
@@ -67,6 +69,18 @@ class WireType:
 
     def read(self, r: Reader) -> Any:
         raise NotImplementedError
+
+
+#: A command's or record's fields in wire order: (attribute, wire type).
+Fields = tuple[tuple[str, WireType], ...]
+
+
+class Fielded(Protocol):
+    """A record type (``Record``): a dataclass that lists its ``FIELDS``."""
+
+    FIELDS: ClassVar[Fields]
+
+    def __init__(self, **fields: Any) -> None: ...
 
 
 class Int(WireType):
@@ -129,12 +143,12 @@ class Array(WireType):
     def __init__(self, item: WireType) -> None:
         self.item = item
 
-    def write(self, w: Writer, value: list | tuple) -> None:
+    def write(self, w: Writer, value: Sequence[Any]) -> None:
         w.pack(I32.st, len(value))
         for v in value:
             self.item.write(w, v)
 
-    def read(self, r: Reader) -> tuple:
+    def read(self, r: Reader) -> tuple[Any, ...]:
         n = I32.read(r)
         if n < 0 or n > r.remaining():  # every item takes at least one byte
             raise TruncatedFrame(f"{r.what}: array of {n} items in "
@@ -146,10 +160,10 @@ class Map(WireType):
     def __init__(self, key: WireType, value: WireType) -> None:
         self.pair = Array(Pair(key, value))
 
-    def write(self, w: Writer, value: dict) -> None:
+    def write(self, w: Writer, value: dict[Any, Any]) -> None:
         self.pair.write(w, list(value.items()))
 
-    def read(self, r: Reader) -> dict:
+    def read(self, r: Reader) -> dict[Any, Any]:
         return dict(self.pair.read(r))
 
 
@@ -157,18 +171,18 @@ class Pair(WireType):
     def __init__(self, first: WireType, second: WireType) -> None:
         self.first, self.second = first, second
 
-    def write(self, w: Writer, value: tuple) -> None:
+    def write(self, w: Writer, value: tuple[Any, Any]) -> None:
         self.first.write(w, value[0])
         self.second.write(w, value[1])
 
-    def read(self, r: Reader) -> tuple:
+    def read(self, r: Reader) -> tuple[Any, Any]:
         return self.first.read(r), self.second.read(r)
 
 
 class Record(WireType):
     """A nested record given as a dataclass with its own FIELDS."""
 
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[Fielded]) -> None:
         self.cls = cls
 
     def write(self, w: Writer, value: Any) -> None:
@@ -240,10 +254,10 @@ class OffsetSpecType(WireType):
 class RouteStreams(WireType):
     """Route answers: a list of streams on 3.11+, one string before."""
 
-    def write(self, w: Writer, value: tuple) -> None:
+    def write(self, w: Writer, value: tuple[str, ...]) -> None:
         Array(STRING).write(w, value)
 
-    def read(self, r: Reader) -> tuple:
+    def read(self, r: Reader) -> tuple[str | None, ...]:
         if r.remaining() >= 2:
             n = I16.st.unpack(r.buf[r.pos:r.pos + 2])[0]
             if n + 2 == r.remaining():  # an array needs at least 4 bytes
@@ -255,10 +269,10 @@ STRING_MAP = Map(STRING, STRING)
 OFFSET_SPEC = OffsetSpecType()
 
 
-def write_fields(w: Writer, obj: Any, spec: tuple) -> None:
+def write_fields(w: Writer, obj: Any, spec: Fields) -> None:
     for name, wire in spec:
         wire.write(w, getattr(obj, name))
 
 
-def read_fields(r: Reader, spec: tuple) -> dict[str, Any]:
+def read_fields(r: Reader, spec: Fields) -> dict[str, Any]:
     return {name: wire.read(r) for name, wire in spec}

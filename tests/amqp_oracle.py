@@ -11,10 +11,22 @@ import struct
 import uuid
 from typing import Any
 
-from proton import (UNDESCRIBED, Array, Data, Described, Message, char,
-                    decimal32, decimal64, decimal128, float32, symbol, timestamp)
+from proton import (
+    UNDESCRIBED,
+    Array,
+    Data,
+    Described,
+    Message,
+    char,
+    decimal32,
+    decimal64,
+    decimal128,
+    float32,
+    symbol,
+    timestamp,
+)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 # Sections by descriptor code (amqp.h).
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
 APPLICATION_PROPERTIES, DATA, SEQUENCE, VALUE, FOOTER = 0x74, 0x75, 0x76, 0x77, 0x78

@@ -88,8 +88,7 @@ def register_rstream_codecs() -> None:
     """rstream compresses none and gzip itself; snappy, lz4 and zstd are
     codecs its users register (rstream.compression.ICompressionCodec)."""
     import cramjam
-    from rstream.compression import (CompressionType, NoneCompressionCodec,
-                                     StreamCompressionCodecs)
+    from rstream.compression import CompressionType, NoneCompressionCodec, StreamCompressionCodecs
 
     def codec(kind: int, compress) -> type:
         class Codec(NoneCompressionCodec):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from pystream import protocol as P
 

@@ -18,7 +18,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Iterable
+from collections.abc import Iterable
 
 # Streams the tests keep between runs, on the modern broker.
 RECOVERY_STREAM = "pystream-test-recovery-1m"  # 1 M records of 100 bytes

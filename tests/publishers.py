@@ -28,7 +28,8 @@ import os
 import struct
 import threading
 import urllib.parse
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pystream import protocol as P
 from pystream.client import Client
@@ -210,8 +211,7 @@ def read_rbfly(uri: str, stream: str, count: int) -> list[Any]:
 def read_rstream(uri: str, stream: str, count: int, timeout: float = 60) -> list[Any]:
     """The first ``count`` messages of ``stream`` as rstream's
     ``AMQPMessage`` (its decoder, every codec it has)."""
-    from rstream import (Consumer, ConsumerOffsetSpecification, OffsetType,
-                         amqp_decoder)
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
 
     address = parse_uri(uri)
 

@@ -15,6 +15,7 @@ Run directly (``make soak`` runs 10 minutes) or through tests/test_soak.py::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import statistics
@@ -327,7 +328,7 @@ def _longest_gap(times: list[float], start: float, end: float) -> float | None:
     inside = [start] + sorted(t for t in times if start < t <= end)
     if len(inside) < 2:
         return None
-    return max(b - a for a, b in zip(inside, inside[1:]))
+    return max(b - a for a, b in itertools.pairwise(inside))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
 COLUMNS = ["properties", "application_properties", "message_annotations",
            "header", "footer"]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 # AMQP 1.0 port of each stream broker.
 AMQP_PORTS = {5552: 5672, 5582: 5702}
 
@@ -126,13 +126,14 @@ def test_producer_entries_decode_in_proton(modern, modern_stream, compression):
     with modern.producer(modern_stream, compression=compression) as producer:
         producer.send_batch(batch).result(timeout=30)
     raw, rows = read_rows(MODERN_URI, modern_stream, len(expected))
-    for i, (entry, want) in enumerate(zip(raw, expected)):
+    for i, (entry, want) in enumerate(zip(raw, expected, strict=True)):
         m = O.decode(entry)
         assert m.inferred, "the body is one data section"
         got = as_sent(m)
         if want["properties"] is not None:
             # the timestamps travel as milliseconds
-            assert want["properties"]["absolute_expiry_time"] == got["properties"]["absolute_expiry_time"]
+            expiry = "absolute_expiry_time"
+            assert want["properties"][expiry] == got["properties"][expiry]
         assert got == want, i
         # and pystream reads back what it wrote
         assert rows[i]["body"] == want["body"]
@@ -250,7 +251,7 @@ def test_amqp10_messages_read_as_the_rules_say(amqp_broker, stream_name):
             raw, rows = read_rows(amqp_broker, stream_name, len(cases))
         finally:
             client.delete_stream(stream_name)
-    for (label, sent, body, footer), entry, row in zip(cases, raw, rows):
+    for (label, sent, body, footer), entry, row in zip(cases, raw, rows, strict=True):
         stored = dict(O.sections(entry))
         assert row["body"] == body, label
         assert row["properties"] == O.properties_row(stored.get(O.PROPERTIES)), label

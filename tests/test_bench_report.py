@@ -28,7 +28,8 @@ def test_figures_are_rendered_from_the_stored_results():
         text = page.read_text()
         blocks |= {m.group("name") for m in report.MARKER.finditer(text)}
         rendered = report.render(text, str(page))
-        for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered)):
+        for old, new in zip(report.MARKER.finditer(text), report.MARKER.finditer(rendered),
+                            strict=True):
             assert old.group(0) == new.group(0), (
                 f"{page.relative_to(ROOT)}: block bench:{old.group('name')} differs from "
                 "what bench/report.py renders from bench/results: run bench/report.py")

@@ -172,7 +172,7 @@ def test_publish_then_tail_json(uri, stream, capsys, monkeypatch):
     assert "body_base64" in records[3] and "body" not in records[3]
     assert records[2]["body"] == "caf\u00e9 \u2615"
     stamp = dt.datetime.fromisoformat(records[0]["chunk_timestamp"])
-    assert abs(dt.datetime.now(dt.timezone.utc) - stamp) < dt.timedelta(minutes=5)
+    assert abs(dt.datetime.now(dt.UTC) - stamp) < dt.timedelta(minutes=5)
     assert all(set(r) >= {"properties", "application_properties"} for r in records)
 
 
@@ -208,7 +208,7 @@ def test_tail_table(uri, stream, capsys, monkeypatch):
 def test_tail_from_a_time_and_next(modern, modern_stream, capsys, monkeypatch):
     publish(monkeypatch, capsys, MODERN_URI, modern_stream, [b"old"])
     time.sleep(1.1)  # chunk timestamps have millisecond resolution
-    middle = dt.datetime.now(dt.timezone.utc)
+    middle = dt.datetime.now(dt.UTC)
     publish(monkeypatch, capsys, MODERN_URI, modern_stream, [b"new"])
     status, out, _ = run(capsys, "--uri", MODERN_URI, "tail", modern_stream, "--from",
                          middle.isoformat(), "--count", "1", "--format", "raw")
@@ -515,7 +515,7 @@ def test_start_spec():
     assert cli.start_spec("first") == "first"
     assert cli.start_spec("42") == 42
     when = cli.start_spec("2024-05-01T12:00:00Z")
-    assert when == dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
+    assert when == dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
     assert cli.start_spec("2024-05-01T12:00:00").tzinfo is not None  # local time
 
 

@@ -24,9 +24,10 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -260,7 +261,7 @@ def test_node_loss(cluster: None, victim: str, how: str,
     producer_recovery = float(gaps.max())
     sent_ids = np.array([first for first, _ in publisher.sent])
     sent_at = np.array([t for _, t in publisher.sent])
-    confirmed_at = dict(zip(firsts, confirm_at))
+    confirmed_at = dict(zip(firsts, confirm_at, strict=True))
     waited = BATCH * sum(1 for first, t in publisher.sent
                          if t < resumed <= confirmed_at[first])
     # The first record sent after the outage began, as read (it may have

@@ -16,8 +16,7 @@ from pystream import Credit, Filter
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 
 from .conftest import MODERN_URI
-from .publishers import (amqp091_url, amqp_message, declare_stream_amqp091,
-                         publish)
+from .publishers import amqp091_url, amqp_message, declare_stream_amqp091, publish
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -72,7 +71,7 @@ def test_offset_last_starts_at_the_last_chunk(client, filled):
 
 
 def test_offset_timestamp(client, filled):
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     with client.consumer(filled, offset=later) as consumer:
         assert consumer.read(1, timeout=1.0).num_rows == 0
     with client.consumer(filled, offset=dt.datetime(2000, 1, 1)) as consumer:
@@ -96,7 +95,7 @@ def test_messages_are_views_with_a_position(client, filled):
         for m in consumer.messages(timeout=1.0):
             got.append((m.offset, m.body))
             assert consumer.position == m.offset + 1
-    assert got == [(i, b) for i, b in zip(range(N - 3, N), bodies(3, N - 3))]
+    assert got == [(i, b) for i, b in zip(range(N - 3, N), bodies(3, N - 3), strict=True)]
 
 
 def test_coalesced_batches(client, filled):
@@ -209,7 +208,7 @@ def test_chunks_past_frame_max_do_not_stall_credit(client, stream, credit):
 
 
 def test_manual_credit(client, stream):
-    for i in range(3):  # three publishes, three chunks
+    for _i in range(3):  # three publishes, three chunks
         publish(client, stream, [amqp_message(b"x")] * 10)
     with client.consumer(stream, offset="first",
                          credit=Credit.manual(1)) as consumer:

@@ -27,12 +27,19 @@ import pytest
 import pystream
 
 from .conftest import MODERN_URI
-from .publishers import (amqp091_url, declare_stream_amqp091, publish_amqp091,
-                         publish_rbfly, publish_rstream, read_rbfly, read_rstream)
+from .publishers import (
+    amqp091_url,
+    declare_stream_amqp091,
+    publish_amqp091,
+    publish_rbfly,
+    publish_rstream,
+    read_rbfly,
+    read_rstream,
+)
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 COLUMNS = ["properties", "application_properties", "message_annotations", "header"]
 PROPERTY_FIELDS = ("message_id", "user_id", "to", "subject", "reply_to",
                    "correlation_id", "content_type", "content_encoding",
@@ -141,7 +148,7 @@ def check(rows: list[dict], expected: list[dict], first: int = 0) -> None:
     each record equal to the expectation (keys absent from an expectation
     are not checked)."""
     assert [r["offset"] for r in rows] == list(range(first, first + len(expected)))
-    for row, exp in zip(rows, expected):
+    for row, exp in zip(rows, expected, strict=True):
         where = f"offset {row['offset']}"
         assert row["body"] == exp["body"], where
         for key in ("properties", "header"):
@@ -542,6 +549,7 @@ def producer_messages() -> tuple[Any, list[dict]]:
     """Every property field, string and null map values, bodies of several
     sizes (as in test_amqp_conformance)."""
     import proton  # noqa: F401
+
     from .test_amqp_conformance import producer_batch
     return producer_batch()
 
@@ -580,7 +588,7 @@ def test_rbfly_reads_what_pystream_writes(modern, modern_stream):
     with modern.producer(modern_stream) as producer:
         producer.send_batch(batch).result(timeout=30)
     got = read_rbfly(MODERN_URI, modern_stream, len(expected))
-    for i, (ctx, want) in enumerate(zip(got, expected)):
+    for i, (ctx, want) in enumerate(zip(got, expected, strict=True)):
         assert bytes(ctx.body) == want["body"], i
         props = {f: _text(getattr(ctx.properties, f)) for f in PROPERTY_FIELDS}
         for f in ("absolute_expiry_time", "creation_time"):
@@ -601,7 +609,7 @@ def test_rstream_reads_what_pystream_writes(modern, modern_stream, compression):
     with modern.producer(modern_stream, compression=compression) as producer:
         producer.send_batch(batch).result(timeout=30)
     got = read_rstream(MODERN_URI, modern_stream, len(expected))
-    for i, (message, want) in enumerate(zip(got, expected)):
+    for i, (message, want) in enumerate(zip(got, expected, strict=True)):
         assert bytes(message.body) == want["body"], i
         p = message.properties
         props = None if p is None else {f: getattr(p, f) for f in PROPERTY_FIELDS}

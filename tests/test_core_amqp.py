@@ -6,7 +6,8 @@ import math
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pystream._core import decode
 
@@ -14,7 +15,7 @@ from .golden import amqp10, amqp10_names, amqp_data, chunk, deliver, simple_entr
 
 ALL = ["properties", "application_properties", "message_annotations", "header"]
 UUID = "00112233-4455-6677-8899-aabbccddeeff"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def one(message: bytes, **kw) -> dict:
@@ -166,6 +167,7 @@ def test_footer_column():
 
 def test_encoder_refuses_non_ascii_symbols():
     import pyarrow as pa
+
     from pystream._core import encode_publish
     ann = pa.array([[("x-ok", "ü")], [("x-ünï", "v")]], pa.map_(pa.string(), pa.string()))
     with pytest.raises(ValueError, match="message 1: message_annotations: a key is not ASCII"):
@@ -231,6 +233,7 @@ def test_against_rbfly_and_rstream(body, app):
        first=st.integers(0, 2 ** 40))
 def test_chunks_against_rbfly(bodies, first):
     import asyncio
+
     from rbfly.streams._codec import decode_messages
     from rbfly.streams._mqueue import MessageQueue
     from rbfly.streams.types import SubscriptionInfo

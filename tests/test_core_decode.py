@@ -1,13 +1,23 @@
 """pystream._core.decode and StreamDecoder on golden captures and crafted
 frames."""
 
+import itertools
+
 import pyarrow as pa
 import pytest
 
 from pystream._core import Chunk, StreamDecoder, decode, schema
 
-from .golden import (DELIVER_CAPTURES, amqp_data, chunk, deliver,
-                    deliver_expected, deliver_frames, simple_entry, sub_batch)
+from .golden import (
+    DELIVER_CAPTURES,
+    amqp_data,
+    chunk,
+    deliver,
+    deliver_expected,
+    deliver_frames,
+    simple_entry,
+    sub_batch,
+)
 
 ALL = ["properties", "application_properties", "message_annotations", "header"]
 
@@ -18,7 +28,7 @@ def check_capture(frames: bytes, expected: list[dict], body: str) -> None:
     batch = decode(frames, columns=ALL, body=body, error_policy="raw")
     assert batch.num_rows == len(expected)
     rows = batch.to_pylist()
-    for exp, row in zip(expected, rows):
+    for exp, row in zip(expected, rows, strict=True):
         assert row["body"] == bytes.fromhex(exp["body"])
         # raw entries are not AMQP: kept as they are and flagged
         assert (row["error"] is not None) == (exp["kind"] == "raw")
@@ -35,7 +45,7 @@ def check_capture(frames: bytes, expected: list[dict], body: str) -> None:
             assert annotations["x-routing-key"].startswith("golden-")
     offsets = [r["offset"] for r in rows]
     assert offsets[0] == 0
-    steps = [b - a for a, b in zip(offsets, offsets[1:])]
+    steps = [b - a for a, b in itertools.pairwise(offsets)]
     assert sorted(set(steps)) == [1, 2] and steps.count(2) == 1  # tracking gap
 
 

@@ -11,7 +11,8 @@ import threading
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pystream import protocol as P
 from pystream._core import decode, encode_publish, murmur3_32, schema
@@ -161,7 +162,7 @@ def test_null_body_is_refused():
 # --- properties and maps ---------------------------------------------------------
 
 def ts(ms):
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
 
 
 def full_properties():
@@ -256,7 +257,7 @@ def map_rows():
         [("k", "v"), ("empty", ""), ("null", None)],
         None,
         [],
-        [("key %d" % i, "value %d" % i) for i in range(200)],     # map32
+        [(f"key {i}", f"value {i}") for i in range(200)],     # map32
         [("long", "é" * 300)],
     ]
 
@@ -368,7 +369,7 @@ def test_compression_contexts_across_threads():
             for _ in range(5):
                 if bytes(encode_publish(0, 0, bodies, compression=codec)[0]) != expected[codec]:
                     errors.append(codec)
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(c,)) for c in CODECS * 2]
@@ -411,7 +412,7 @@ def test_filter_value_limits():
 @pytest.mark.parametrize("filtered", [False, True])
 def test_frames_split_at_max_frame_size(filtered):
     bodies = compressible_bodies(20_000)
-    filters = pa.array(["f%d" % (i % 7) for i in range(len(bodies))]) if filtered else None
+    filters = pa.array([f"f{i % 7}" for i in range(len(bodies))]) if filtered else None
     frames, counts = encode_publish(0, 1, bodies, filter_values=filters,
                                     max_frame_size=4096)
     parts = split_frames(frames)
@@ -421,7 +422,7 @@ def test_frames_split_at_max_frame_size(filtered):
                 for _, fv, e in parse_publish(f)[2]] for f in parts]
     assert sum(map(len, entries)) == len(bodies)
     # greedy: the next frame's first message would not have fitted
-    for frame, following in zip(parts, entries[1:]):
+    for frame, following in zip(parts[:-1], entries[1:], strict=True):
         assert 4 + len(frame) + following[0] > 4096
     assert publishing_ids(frames) == list(range(1, 1 + len(bodies)))
     assert round_trip(frames).column("body").to_pylist() == bodies
@@ -501,7 +502,7 @@ def test_random_round_trip(bodies, codec, sub_batch_size, max_frame_size,
                            filtered, amqp, typ):
     filters = None
     if filtered and codec is None:
-        filters = pa.array([None if i % 3 == 0 else "f%d" % i for i in range(len(bodies))])
+        filters = pa.array([None if i % 3 == 0 else f"f{i}" for i in range(len(bodies))])
     try:
         frames, counts = encode_publish(1, 7, pa.array(bodies, typ),
                                         filter_values=filters, amqp=amqp,

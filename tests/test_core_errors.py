@@ -7,11 +7,24 @@ import pyarrow as pa
 import pytest
 
 from pystream._core import decode
-from pystream.errors import (CorruptChunk, DecompressionLimit, MalformedMessage,
-                             ProtocolError, StreamError, TruncatedFrame)
+from pystream.errors import (
+    CorruptChunk,
+    DecompressionLimit,
+    MalformedMessage,
+    ProtocolError,
+    StreamError,
+    TruncatedFrame,
+)
 
-from .golden import (DELIVER_CAPTURES, amqp_data, chunk, deliver,
-                     deliver_frames, simple_entry, sub_batch)
+from .golden import (
+    DELIVER_CAPTURES,
+    amqp_data,
+    chunk,
+    deliver,
+    deliver_frames,
+    simple_entry,
+    sub_batch,
+)
 
 MSGS = [amqp_data(b"message %d " % i * (i + 1)) for i in range(40)]
 

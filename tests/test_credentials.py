@@ -116,6 +116,7 @@ def test_no_password_in_errors(audit_uri, password):
 def test_no_password_in_a_spark_plan(audit_uri, password, stream_name,
                                      monkeypatch):
     from pyspark import cloudpickle
+
     from pystream.spark import RabbitMQStreamDataSource
 
     address = pystream.parse_uri(audit_uri)

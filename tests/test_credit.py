@@ -17,7 +17,7 @@ def test_adaptive_never_lets_queue_and_flight_pass_the_budget():
     assert in_flight == 2   # slow start until a chunk shows its size
     queue: list[int] = []
     rng = random.Random(1)
-    for step in range(10_000):
+    for _step in range(10_000):
         if in_flight and rng.random() < 0.7:   # the broker sends a chunk
             size = rng.randint(chunk // 4, chunk)
             in_flight -= 1

@@ -17,8 +17,10 @@ import time
 import urllib.request
 from typing import Any
 
+import opentelemetry.sdk.metrics as sdk
 import pyarrow.compute as pc
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import pystream
 from pystream import metrics
@@ -27,9 +29,6 @@ from pystream.uri import parse_uri
 
 from .conftest import MODERN_URI
 from .test_client import Relay
-
-import opentelemetry.sdk.metrics as sdk
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 N = 25_000
@@ -76,7 +75,7 @@ def test_publish_and_consume_counters_equal_the_records(reader, modern,
                                                         modern_stream):
     s = modern_stream
     with modern.producer(s) as producer:
-        for i in range(5):
+        for _i in range(5):
             producer.send_batch([b"m%d" % j for j in range(N // 5)])
         producer.flush(30)
         data = collect(reader)

@@ -273,7 +273,7 @@ def dist(tmp_path_factory) -> dict[str, Path]:
     return {"wheel": wheel, "abi3": abi3, "sdist": sdist}
 
 
-CPYTHON = "cp%d%d" % sys.version_info[:2]
+CPYTHON = "cp{}{}".format(*sys.version_info[:2])
 # the extension's file name in each wheel
 CORE = {"wheel": f"_core.cpython-{CPYTHON[2:]}-x86_64-linux-gnu.so",
         "abi3": "_core.abi3.so"}
@@ -376,7 +376,7 @@ def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
     broker."""
     version = _in_root(OTHER_ROOT, tmp_path, "python3", "-c",
                        "import sys; print('%d.%d' % sys.version_info[:2])").strip()
-    assert version != "%d.%d" % sys.version_info[:2], version
+    assert version != "{}.{}".format(*sys.version_info[:2]), version
     installed = _in_root(OTHER_ROOT, tmp_path, "sh", "-c",
                          "dpkg-query -W -f='${Package} ${Status}\\n' || true")
     assert not any(line.split()[0] in DEV_PACKAGES and "ok installed" in line

@@ -114,8 +114,7 @@ def test_compressed_sub_batches(client, stream, codec):
 def test_gzip_is_readable_by_rstream(modern, stream_name):
     import asyncio
 
-    from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification,
-                         OffsetType, amqp_decoder)
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
 
     modern.create_stream(stream_name)
     bodies = [b"gz %d" % i for i in range(500)]
@@ -180,7 +179,7 @@ def test_legacy_broker_refuses_filter_values(legacy, stream_name):
 def test_back_pressure_bounds_messages_in_flight(client, stream):
     with client.producer(stream, max_in_flight=1000) as p:
         peak = 0
-        for i in range(30):
+        for _i in range(30):
             p.send_batch([b"x"] * 500)
             peak = max(peak, p._in_flight)
         p.flush(30)

@@ -15,10 +15,11 @@ import pyarrow as pa
 import pytest
 
 import pystream
+
 from .conftest import MODERN_URI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from relay.delay import DelayRelay  # noqa: E402
+from relay.delay import DelayRelay
 
 pytestmark = pytest.mark.broker
 

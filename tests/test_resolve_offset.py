@@ -38,7 +38,7 @@ def publish_chunks(client, stream: str, sizes: list[int], **options) -> list[dt.
     times = []
     with client.producer(stream, **options) as producer:
         for i, n in enumerate(sizes):
-            times.append(dt.datetime.now(dt.timezone.utc))
+            times.append(dt.datetime.now(dt.UTC))
             time.sleep(0.02)
             producer.send_batch([b"m%d-%d" % (i, j) for j in range(n)]).result(10)
             time.sleep(0.02)
@@ -67,7 +67,7 @@ def test_resolve_matches_what_a_consumer_receives(latest, latest_stream):
             producer.send_batch([b"late"]).result(10)
         assert consumer.read(1, timeout=5).column("offset").to_pylist() == [resolved]
     # a time after the last chunk: the end, where "next" waits
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
     assert latest.resolve_offset(latest_stream, later) == 23
 
 

@@ -114,7 +114,7 @@ class Cluster:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + CLUSTER_TIMEOUT
         while len(workers := self.alive_workers()) < WORKERS:
-            exited = [str(log) for p, log in zip(self.procs, self.logs)
+            exited = [str(log) for p, log in zip(self.procs, self.logs, strict=True)
                       if p.poll() is not None]
             if exited or time.monotonic() > deadline:
                 why = (f"exited: {', '.join(exited)}" if exited else

@@ -8,12 +8,10 @@ import pyarrow as pa
 import pytest
 
 import pystream
+from pystream.spark.options import normalize
+from pystream.spark.triggers import TriggerLimits, duration
 
 from .conftest import MODERN_URI, local_spark
-
-
-from pystream.spark.options import normalize  # noqa: E402
-from pystream.spark.triggers import TriggerLimits, duration  # noqa: E402
 
 URI = pystream.parse_uri(MODERN_URI).uri()
 

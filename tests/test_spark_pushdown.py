@@ -8,18 +8,15 @@ import os
 import time
 
 import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
 
 import pystream
 from pystream.consumer import Consumer
+from pystream.spark import RabbitMQStreamDataSource
+from pystream.spark.datasource import _Config, _PushingBatchReader
 
 from .conftest import MODERN_URI, local_spark
-
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.datasource import (EqualTo, GreaterThanOrEqual, In,  # noqa: E402
-                                    LessThan)
-
-from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
-from pystream.spark.datasource import _Config, _PushingBatchReader  # noqa: E402
 
 pytestmark = pytest.mark.broker
 

@@ -11,9 +11,8 @@ import pytest
 
 import pystream
 from pystream import CertificateVerificationError, RequestTimeout
-from pystream.spark import (BrokerRef, OffsetRange, plan_ranges, read_range,
-                            split_ranges)
 from pystream.ranges import client_for
+from pystream.spark import BrokerRef, OffsetRange, plan_ranges, read_range, split_ranges
 
 from .conftest import EXTERNAL_URI, TLS_URI, broker_connections
 from .publishers import amqp_message, publish

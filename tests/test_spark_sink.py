@@ -18,13 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 
 import pystream
 
 from .conftest import MODERN_URI, local_spark
-
-from pyspark.sql import functions as F  # noqa: E402
-
 
 pytestmark = pytest.mark.broker
 
@@ -160,13 +158,13 @@ def test_super_stream_routes_like_the_producer(spark, modern):
         partitions = modern.partitions(name)
         for i, partition in enumerate(partitions):
             got = {b.decode() for b in read_all(partition).column("body").to_pylist()}
-            assert got == {k for k, p in zip(keys, want) if p == i}
+            assert got == {k for k, p in zip(keys, want, strict=True) if p == i}
         # Key routing: the broker's bindings (keys 0, 1, 2) name the partition.
         before = [len(read_all(p)) for p in partitions]
         df = spark.createDataFrame([("x", "2"), ("y", "0")], "body string, routing_key string")
         sink(df, superstream=name, routingStrategy="key")
         after = [len(read_all(p)) for p in partitions]
-        assert [a - b for a, b in zip(after, before)] == [1, 0, 1]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0, 1]
     finally:
         modern.delete_super_stream(name)
 

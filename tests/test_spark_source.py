@@ -16,15 +16,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark.sql import functions as F
 
 import pystream
-from pystream.spark import BrokerRef, plan_ranges, read_range, stream_bounds
+from pystream.spark import (
+    BrokerRef,
+    RabbitMQStreamDataSource,
+    plan_ranges,
+    read_range,
+    stream_bounds,
+)
 
 from .conftest import EXTERNAL_URI, MODERN_URI, local_spark
-
-from pyspark.sql import functions as F  # noqa: E402
-
-from pystream.spark import RabbitMQStreamDataSource  # noqa: E402
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -94,7 +97,8 @@ def test_batch_read_equals_a_direct_read(spark, million):
     assert got.column("stream").unique().to_pylist() == [million]
     for name in want.column_names:
         assert got.column(name).combine_chunks().equals(want.column(name).combine_chunks()), name
-    assert got.column("properties").combine_chunks().field("message_id")[123_456].as_py() == "m123456"
+    properties = got.column("properties").combine_chunks()
+    assert properties.field("message_id")[123_456].as_py() == "m123456"
 
 
 def test_schema_is_sparks_own(spark, million):
@@ -209,7 +213,7 @@ def test_map_in_arrow_over_planned_ranges(spark, million):
 
     def read(batches):
         for batch in batches:
-            for stream, start, end in zip(*batch.to_pydict().values()):
+            for stream, start, end in zip(*batch.to_pydict().values(), strict=True):
                 for part in read_range(broker, stream, start, end, body="binary"):
                     yield pa.RecordBatch.from_arrays(
                         [part.column("offset"), pc.binary_length(part.column("body"))],

@@ -15,8 +15,12 @@ import uuid
 import pytest
 
 import pystream
-from pystream import (AuthenticationFailure, CertificateVerificationError,
-                      Endpoint, SaslMechanismNotSupported)
+from pystream import (
+    AuthenticationFailure,
+    CertificateVerificationError,
+    Endpoint,
+    SaslMechanismNotSupported,
+)
 from pystream.connection import Connection
 
 from .conftest import EXTERNAL_URI, TLS_PORT, TLS_URI, broker_connections

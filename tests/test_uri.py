@@ -1,8 +1,8 @@
 import pytest
 
 from pystream import parse_uri
-from pystream.features import Features, parse_version
 from pystream.errors import UnsupportedFeature
+from pystream.features import Features, parse_version
 
 
 def test_defaults():

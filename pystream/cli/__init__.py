@@ -8,7 +8,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import pystream
 

@@ -91,7 +91,7 @@ def cmd_streams(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(fields))]
     for row in rows:
         print("  ".join([row[0].ljust(widths[0])]
-                        + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:])]))
+                        + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True)]))
     return 0
 
 

@@ -7,7 +7,8 @@ import argparse
 import datetime as dt
 import pathlib
 import re
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -21,7 +22,7 @@ OPTIONAL_COLUMNS = ("properties", "application_properties",
                     "message_annotations", "header")
 
 #: ``--from``: "first", "last", "next", an offset or a time.
-Start = Union[str, int, dt.datetime]
+Start = str | int | dt.datetime
 Emit = Callable[[pa.RecordBatch], None]
 
 

@@ -11,14 +11,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.ranges import (PROBE_TIMEOUT, StreamBounds, offset_at, read_range,
-                             stream_bounds)
+from pystream.ranges import PROBE_TIMEOUT, StreamBounds, offset_at, read_range, stream_bounds
 
 from .common import CliError, Emit, Start, connection_options
 
@@ -107,7 +107,10 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def _body_bytes(batch: pa.RecordBatch) -> int:
-    return pc.sum(pc.binary_length(batch.column("body"))).as_py() or 0
+    # pyarrow-stubs type binary_length for the concrete array classes only
+    lengths = pc.binary_length(batch.column("body"))  # type: ignore[call-overload]
+    total: int = pc.sum(lengths).as_py() or 0
+    return total
 
 
 @contextlib.contextmanager

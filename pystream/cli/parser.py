@@ -27,21 +27,34 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pystream import __version__
 from pystream.tls import SASL_MECHANISMS
 
 from .admin import cmd_create, cmd_delete, cmd_stats, cmd_streams
 from .bench import BENCH_SCRIPTS, cmd_bench
+from .common import (
+    DEFAULT_URI,
+    MANAGEMENT_PORT,
+    MANAGEMENT_TLS_PORT,
+    OPTIONAL_COLUMNS,
+    broker_uri,
+    columns_list,
+    dump_path,
+    management_url,
+    max_age,
+    offset_int,
+    port_number,
+    positive_float,
+    positive_int,
+    start_spec,
+)
 from .dump import cmd_dump
 from .publish import cmd_publish
 from .tail import cmd_tail
 from .watch import cmd_watch
-from .common import (DEFAULT_URI, MANAGEMENT_PORT, MANAGEMENT_TLS_PORT,
-                     OPTIONAL_COLUMNS, broker_uri, columns_list, dump_path,
-                     management_url, max_age, offset_int, port_number,
-                     positive_float, positive_int, start_spec)
 
 
 def build_parser() -> argparse.ArgumentParser:

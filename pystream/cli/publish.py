@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any, Iterator, cast
+from typing import Any, cast
 
 from .common import connect
 

@@ -10,7 +10,8 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -108,7 +109,7 @@ def table_printer(columns: list[str]) -> Emit:
     def emit(batch: pa.RecordBatch) -> None:
         width = shutil.get_terminal_size().columns
         rows = zip(*(batch.column(name).to_pylist()
-                     for name in ("offset", "chunk_timestamp", "body", *columns)))
+                     for name in ("offset", "chunk_timestamp", "body", *columns)), strict=True)
         for offset, stamp, body, *extra in rows:
             when = f"{stamp:%Y-%m-%d %H:%M:%S}.{stamp.microsecond // 1000:03d}"
             line = (f"{offset:>12}  {when}  {len(body):>8}  "
@@ -132,13 +133,13 @@ def _preview(body: bytes, width: int) -> str:
 def json_printer(columns: list[str]) -> Emit:
     def emit(batch: pa.RecordBatch) -> None:
         rows = zip(*(batch.column(name).to_pylist()
-                     for name in ("offset", "chunk_timestamp", "body", *columns)))
+                     for name in ("offset", "chunk_timestamp", "body", *columns)), strict=True)
         lines = []
         for offset, stamp, body, *extra in rows:
             record = {"offset": offset,
                       "chunk_timestamp": stamp.isoformat(timespec="milliseconds"),
                       **_body_field(body)}
-            record.update(zip(columns, (_plain(value) for value in extra)))
+            record.update(zip(columns, (_plain(value) for value in extra), strict=True))
             lines.append(_json(record) + "\n")
         sys.stdout.write("".join(lines))
     return emit
@@ -146,8 +147,8 @@ def json_printer(columns: list[str]) -> Emit:
 
 def raw_printer(columns: list[str]) -> Emit:
     def emit(batch: pa.RecordBatch) -> None:
-        sys.stdout.buffer.write(b"".join(
-            body + b"\n" for body in batch.column("body").to_pylist()))
+        bodies = batch.column("body").to_pylist()
+        sys.stdout.buffer.write(b"".join((body or b"") + b"\n" for body in bodies))
     return emit
 
 

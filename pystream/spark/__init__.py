@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ranges import (BrokerRef, OffsetRange, StreamBounds, plan_ranges,
-                     read_range, split_ranges, stream_bounds)
+from ..ranges import (
+    BrokerRef,
+    OffsetRange,
+    StreamBounds,
+    plan_ranges,
+    read_range,
+    split_ranges,
+    stream_bounds,
+)
 
 __all__ = ["BrokerRef", "OffsetRange", "StreamBounds", "plan_ranges",
            "read_range", "split_ranges", "stream_bounds",

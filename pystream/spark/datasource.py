@@ -44,34 +44,61 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (DataSource, DataSourceReader,
-                                    DataSourceStreamReader,
-                                    DataSourceStreamWriter, DataSourceWriter,
-                                    Filter, InputPartition)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    Filter,
+    InputPartition,
+)
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
-                                              ReadMaxRows,
-                                              SupportsTriggerAvailableNow)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
+from ..client import Client
 from ..errors import DataLoss, StreamDoesNotExist
+from ..ranges import (
+    MIN_RANGE,
+    Bound,
+    BrokerRef,
+    OffsetRange,
+    bound_for,
+    client_for,
+    read_range,
+    resolve,
+    split_ranges,
+    start_offset,
+    stream_bounds,
+)
 from ..records import Filter as StreamFilter
-from ..ranges import (MIN_RANGE, Bound, BrokerRef, OffsetRange, bound_for,
-                     client_for, read_range, resolve, split_ranges,
-                     start_offset, stream_bounds)
 from .options import bool_option, broker_ref, int_option, normalize, source_filter
 from .pushdown import Pushed
 from .sink import BatchWriter, SinkConfig, StreamWriter
 from .triggers import TriggerLimits, share
 
+if TYPE_CHECKING:
+    from .._core import Column
+
 log = logging.getLogger("pystream.spark")
 
-OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
+OPTIONAL_COLUMNS: tuple[Column, ...] = (
+    "properties", "application_properties", "message_annotations")
+#: A micro-batch offset as Spark stores it (JSON): stream -> offset or sentinel.
+Offsets = dict[str, Any]
 #: Spark's Kafka source writes these for earliest and latest in JSON offsets.
 JSON_SENTINELS = {-2: "earliest", -1: "latest"}
 
@@ -79,7 +106,9 @@ JSON_SENTINELS = {-2: "earliest", -1: "latest"}
 def arrow_schema(columns: Sequence[str] = ()) -> pa.Schema:
     """The Arrow schema of the rows: the stream, then the consumer's columns
     with bodies as ``binary`` (Spark has no view types)."""
-    core = core_schema(columns=list(columns) or None, body="binary")
+    # in the core's order, as core_schema puts them anyway
+    core = core_schema(columns=[c for c in OPTIONAL_COLUMNS if c in columns] or None,
+                       body="binary")
     return pa.schema([pa.field("stream", pa.string(), nullable=False), *core])
 
 
@@ -119,9 +148,9 @@ class _Config:
         starting = _bounds_option(opts.get("startingoffsets"),
                                   "latest" if streaming else "earliest",
                                   "startingOffsets")
-        if "startingtimestamp" in opts:
-            millis = int_option(opts, "startingtimestamp", 0)
-            starting = dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
+        millis = int_option(opts, "startingtimestamp", 0)
+        if millis is not None:
+            starting = dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
         if streaming and "endingoffsets" in opts:
             raise ValueError("endingOffsets is for batch reads; a streaming "
                              "query ends when it is stopped")
@@ -147,7 +176,7 @@ class _Config:
             consumer_name=opts.get("consumername"),
         )
 
-    def client(self):
+    def client(self) -> Client:
         return client_for(self.broker)
 
     def current_streams(self) -> tuple[str, ...]:
@@ -169,9 +198,6 @@ class _Config:
             wanted.add("application_properties")
         return [c for c in OPTIONAL_COLUMNS if c in wanted] or None
 
-    def _filter(self) -> dict[str, StreamFilter]:
-        return {} if self.filter is None else {"filter": self.filter}
-
     def read(self, partition: InputPartition,
              schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """One range as batches of ``schema`` (a selection of the columns).
@@ -184,9 +210,9 @@ class _Config:
                                 timeout=self.read_timeout,
                                 fail_on_data_loss=self.fail_on_data_loss,
                                 body="binary", amqp=self.amqp,
-                                columns=self._read_columns(), **self._filter()):
-            columns = {"stream": pa.repeat(name, batch.num_rows)}
-            columns.update(zip(batch.schema.names, batch.columns))
+                                columns=self._read_columns(), filter=self.filter):
+            columns: dict[str, pa.Array[Any]] = {"stream": pa.repeat(name, batch.num_rows)}
+            columns.update(zip(batch.schema.names, batch.columns, strict=True))
             yield pa.RecordBatch.from_arrays([columns[f.name] for f in schema],
                                              schema=schema)
 
@@ -207,7 +233,7 @@ def _bounds_option(text: str | None, default: str, key: str) -> Any:
 
 
 def _json_bound(value: Any) -> Bound:
-    if value in ("earliest", "latest"):
+    if isinstance(value, str) and value in ("earliest", "latest"):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         if value in JSON_SENTINELS:
@@ -306,7 +332,7 @@ def _planning_pushdown() -> bool:
     ``spark.sql.python.filterPushdown.enabled`` is true (false by default),
     and creates the reader in its pushdown worker only when it is: a
     setting the reader cannot read itself."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
             return True
@@ -325,8 +351,10 @@ def _initial(bound: Bound) -> Any:
 def _from_offset(value: Any) -> Bound:
     if isinstance(value, str) and value.startswith("timestamp:"):
         millis = int(value.split(":", 1)[1])
-        return dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)
-    return value
+        return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
+    if isinstance(value, str | int):  # an offset, or "earliest" / "latest"
+        return value
+    raise ValueError(f"not a stream offset: {value!r}")
 
 
 class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -337,7 +365,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.latest: dict[str, int] | None = None
         self.last_batch = time.monotonic()  # minOffsetsPerTrigger's delay
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offsets:
         return {s: _initial(bound_for(self.config.starting, s, "earliest"))
                 for s in self.config.current_streams()}
 
@@ -350,10 +378,10 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = {s: stream_bounds(client, s).end
                        for s in self.config.current_streams()}
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> Offsets | None:
         return self.latest
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         config = self.config
         client = config.client()
         streams = list(dict.fromkeys([*start, *config.current_streams()]))
@@ -386,7 +414,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.last_batch = time.monotonic()
         return ends
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         config = self.config
         client = config.client()
         ranges = []
@@ -406,7 +434,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.config.read(partition, self.output)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offsets) -> None:
         name = self.config.consumer_name
         if not name:
             return

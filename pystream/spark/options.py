@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..records import Filter
 from ..ranges import BrokerRef
+from ..records import Filter
 
 #: The JVM connector's spelling -> ours (lower case, as options are compared).
 ALIASES = {
@@ -47,7 +47,7 @@ def broker_ref(opts: dict[str, str]) -> BrokerRef:
                      sasl_mechanism=opts.get("saslmechanism", "PLAIN").upper())
 
 
-def int_option(opts: dict, key: str, minimum: int) -> int | None:
+def int_option(opts: dict[str, str], key: str, minimum: int) -> int | None:
     if key not in opts:
         return None
     try:
@@ -59,7 +59,7 @@ def int_option(opts: dict, key: str, minimum: int) -> int | None:
     return value
 
 
-def bool_option(opts: dict, key: str, default: bool) -> bool:
+def bool_option(opts: dict[str, str], key: str, default: bool) -> bool:
     value = opts.get(key, str(default)).strip().lower()
     if value not in ("true", "false"):
         raise ValueError(f"option {key} must be true or false, not {value!r}")
@@ -73,13 +73,14 @@ class PropertyIn:
     def __init__(self, name: str, values: tuple[str, ...], match_unfiltered: bool) -> None:
         self.name, self.values, self.match_unfiltered = name, values, match_unfiltered
 
-    def __call__(self, batch: pa.RecordBatch) -> pa.Array:
+    def __call__(self, batch: pa.RecordBatch) -> pa.Array[Any]:
         found = pc.map_lookup(batch.column("application_properties"),
                               pa.scalar(self.name), "first")
         keep = pc.is_in(found, pa.array(self.values, pa.string()))
         if self.match_unfiltered:
             keep = pc.or_kleene(keep, pc.is_null(found))
-        return pc.fill_null(keep, False)
+        kept: pa.Array[Any] = keep.fill_null(False)
+        return kept
 
 
 def source_filter(opts: dict[str, str]) -> Filter | None:

@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, TypeGuard
 
-from pyspark.sql.datasource import (EqualTo, Filter, GreaterThan,
-                                    GreaterThanOrEqual, In, LessThan,
-                                    LessThanOrEqual)
+from pyspark.sql.datasource import (
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    LessThanOrEqual,
+)
 
 from ..client import Client
 from ..ranges import OffsetRange, StreamBounds, offset_at
@@ -148,6 +155,6 @@ class Pushed:
         return [OffsetRange(r.stream, a, b) for a, b in runs]
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) \
         and math.isfinite(value)

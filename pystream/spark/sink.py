@@ -21,23 +21,30 @@ task publish under one name at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
-from pyspark.sql.datasource import (DataSourceArrowWriter,
-                                    DataSourceStreamArrowWriter,
-                                    WriterCommitMessage)
-from pyspark.sql.types import (BinaryType, MapType, StringType, StructType)
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from ..errors import StreamDoesNotExist
-from ..producer import CODECS, Producer
+from ..producer import CODECS, Producer, codec
+from ..ranges import BrokerRef, client_for
 from ..super_stream import hash_route
 from .options import bool_option, broker_ref, int_option, normalize
-from ..ranges import BrokerRef, client_for
+
+if TYPE_CHECKING:
+    from ..admin import Admin
 
 #: Columns a row may carry to the sink, besides ``body``.
 MESSAGE_COLUMNS = ("properties", "application_properties", "message_annotations")
@@ -103,6 +110,13 @@ class SinkConfig:
         config._check_target()
         return config
 
+    def targets(self, client: Admin) -> list[str]:
+        """The streams written: the stream, or the super stream's partitions."""
+        if self.super_stream is not None:
+            return client.partitions(self.super_stream)
+        assert self.stream is not None  # parse requires one of the two
+        return [self.stream]
+
     def _check_target(self) -> None:
         client = client_for(self.broker)
         if self.super_stream is not None:
@@ -114,13 +128,13 @@ class SinkConfig:
                 raise StreamDoesNotExist(
                     f"super stream {self.super_stream!r} does not exist: create it "
                     "first (pystream.connect(...).create_super_stream)")
-        elif not client.stream_exists(self.stream):  # type: ignore[arg-type]
+        elif not client.stream_exists(self.targets(client)[0]):
             raise StreamDoesNotExist(
                 f"stream {self.stream!r} does not exist: create it first "
                 "(pystream.connect(...).create_stream, or rabbitmq-streams add_stream)")
 
 
-def _check_schema(schema: StructType, opts: dict) -> tuple[str, ...]:
+def _check_schema(schema: StructType, opts: dict[str, str]) -> tuple[str, ...]:
     names = schema.names
     known = ("body", *MESSAGE_COLUMNS, "filter_value", "routing_key", *IGNORED_COLUMNS)
     unknown = [n for n in names if n not in known]
@@ -178,12 +192,11 @@ class _Task:
         self.client = client_for(config.broker)
         self.name = name
         self.base = base            # ids are base + n (n from 1) per stream
-        self.targets = ([config.stream] if config.super_stream is None
-                        else self.client.partitions(config.super_stream))
+        self.targets = config.targets(self.client)
         self.producers: dict[str, Producer] = {}
         self.sent = dict.fromkeys(self.targets, 0)
         self.skipped = 0
-        self.futures: list = []
+        self.futures: list[Future[int]] = []
         self.routes: dict[Any, int] = {}  # routing key -> partition (key routing)
 
     def producer(self, stream: str) -> Producer:
@@ -191,7 +204,7 @@ class _Task:
         if p is None:
             c = self.config
             p = Producer(self.client, stream, name=self.name,
-                         compression=c.compression, sub_batch_size=c.sub_batch_size,
+                         compression=codec(c.compression), sub_batch_size=c.sub_batch_size,
                          max_in_flight=c.max_in_flight, amqp=c.amqp)
             self.producers[stream] = p
         return p
@@ -206,24 +219,27 @@ class _Task:
             if len(rows) == len(parts):
                 self._send(stream, batch)
             elif len(rows):
-                self._send(stream, batch.take(pa.array(rows)))
+                self._send(stream, batch.take(rows))
 
-    def _route(self, keys: pa.Array) -> np.ndarray:
+    def _route(self, keys: pa.Array[Any]) -> np.ndarray:
         if keys.null_count:
             raise ValueError("a routing_key is null: every row needs one")
         if self.config.routing == "hash":
             return hash_route(keys, len(self.targets))
+        super_stream = self.config.super_stream
+        assert super_stream is not None  # publish routes only for a super stream
         unique = pc.unique(keys)
         for key in unique.to_pylist():
             if key not in self.routes:
-                streams = self.client.route(self.config.super_stream,  # type: ignore[arg-type]
-                                            key if isinstance(key, str) else key.decode())
+                streams = self.client.route(super_stream,
+                                            key.decode() if isinstance(key, bytes) else str(key))
                 if not streams:
                     raise ValueError(f"routing key {key!r} matches no binding "
                                      f"of super stream {self.config.super_stream!r}")
                 self.routes[key] = self.targets.index(streams[0])
         index = pc.index_in(keys, unique).to_numpy()
-        return np.array([self.routes[k] for k in unique.to_pylist()])[index]
+        partitions: np.ndarray = np.array([self.routes[k] for k in unique.to_pylist()])[index]
+        return partitions
 
     def _send(self, stream: str, batch: pa.RecordBatch) -> None:
         producer = self.producer(stream)
@@ -278,6 +294,13 @@ def _write(config: SinkConfig, batches: Iterator[pa.RecordBatch],
     return task.finish()
 
 
+def _task_context() -> TaskContext:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("the rabbitmq_stream writer runs in a Spark task")
+    return context
+
+
 class BatchWriter(DataSourceArrowWriter):
     """``df.write``: with ``producerName``, each task publishes as
     ``{producerName}-{partition}`` with ids ``job << 32 | n``, so a retried
@@ -289,22 +312,22 @@ class BatchWriter(DataSourceArrowWriter):
         self.job: int | None = None
         if config.producer_name is not None:
             client = client_for(config.broker)
-            targets = ([config.stream] if config.super_stream is None
-                       else client.partitions(config.super_stream))
             last = max(client.query_publisher_sequence(s, f"{config.producer_name}-0")
-                       for s in targets)  # type: ignore[arg-type]
+                       for s in config.targets(client))
             self.job = max(int(time.time()), (last >> 32) + 1)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+    # pyspark's DataSourceArrowWriter narrows DataSourceWriter.write's rows to
+    # Arrow batches itself, which mypy reports against the grandparent
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:  # type: ignore[override]
         if self.job is None:
             return _write(self.config, iterator, None, None)
-        name = f"{self.config.producer_name}-{TaskContext.get().partitionId()}"
+        name = f"{self.config.producer_name}-{_task_context().partitionId()}"
         return _write(self.config, iterator, name, self.job << 32)
 
-    def commit(self, messages: list) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass
 
-    def abort(self, messages: list) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         pass
 
 
@@ -315,8 +338,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, config: SinkConfig) -> None:
         self.config = config
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        context = TaskContext.get()
+    # as BatchWriter.write: pyspark's Arrow writer narrows the rows itself
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:  # type: ignore[override]
+        context = _task_context()
         query, batch = context.getLocalProperty(QUERY_ID), context.getLocalProperty(BATCH_ID)
         if query is None or batch is None:
             raise RuntimeError("the rabbitmq_stream stream writer runs in a "
@@ -325,8 +349,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         name = f"{prefix}-{query}-{context.partitionId()}"
         return _write(self.config, iterator, name, int(batch) << 32)
 
-    def commit(self, messages: list, batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass
 
-    def abort(self, messages: list, batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass

@@ -76,7 +76,10 @@ def entry_size(client: Client, stream: str, offset: int) -> float:
     with client.consumer(stream, offset=offset, amqp=False, body="binary",
                          credit=Credit.adaptive(max_outstanding=1)) as consumer:
         for batch in consumer.batches(timeout=1.0):
-            return pc.sum(pc.binary_length(batch.column("body"))).as_py() / batch.num_rows
+            # pyarrow-stubs type binary_length for the concrete array classes only
+            lengths = pc.binary_length(batch.column("body"))  # type: ignore[call-overload]
+            total: int = pc.sum(lengths).as_py()
+            return total / batch.num_rows
     return 1.0
 
 
