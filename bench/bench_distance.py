@@ -205,13 +205,7 @@ def main() -> None:
     ap.add_argument("--messages-100b", type=int, default=2_000_000)
     ap.add_argument("--messages-1k", type=int, default=1_000_000)
     ap.add_argument("--publish-messages", type=int, default=500_000)
-    ap.add_argument("--wire-in-flight", type=int, default=1 << 20)
-    ap.add_argument("--pystream-batch", type=int, default=100_000)
-    ap.add_argument("--pystream-in-flight", type=int, default=200_000)
-    ap.add_argument("--rbfly-batch", type=int, default=1000)
-    ap.add_argument("--rstream-batch", type=int, default=0,
-                    help="messages per send_batch, 0: a 1 MiB frame's worth")
-    ap.add_argument("--rstream-in-flight", type=int, default=200_000)
+    bench_publish.add_settings(ap)
     for hidden in ("--stream", "--target", "--body-size", "--batch", "--in-flight"):
         ap.add_argument(hidden, type=str if hidden == "--stream" else int,
                         default=0, help=harness.argparse.SUPPRESS)

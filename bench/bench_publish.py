@@ -297,6 +297,17 @@ def one_run(args, client: str, target: int, name: str) -> dict:
     return res
 
 
+def add_settings(ap: harness.argparse.ArgumentParser) -> None:
+    """Each publisher's batch and in-flight options (read by ``settings``)."""
+    ap.add_argument("--wire-in-flight", type=int, default=1 << 20)
+    ap.add_argument("--pystream-batch", type=int, default=100_000)
+    ap.add_argument("--pystream-in-flight", type=int, default=200_000)
+    ap.add_argument("--rbfly-batch", type=int, default=1000)
+    ap.add_argument("--rstream-batch", type=int, default=0,
+                    help="messages per send_batch, 0: a 1 MiB frame's worth")
+    ap.add_argument("--rstream-in-flight", type=int, default=200_000)
+
+
 def main() -> None:
     ap = harness.parser(__doc__, clients=CLIENTS, default=DEFAULT, result="publish")
     ap.add_argument("--rows", default="100b,100b-peers",
@@ -306,13 +317,7 @@ def main() -> None:
     ap.add_argument("--peer-messages", type=int, default=1_000_000,
                     help="messages of the 100b-peers row (every client)")
     ap.add_argument("--body-size", type=int, default=100)
-    ap.add_argument("--wire-in-flight", type=int, default=1 << 20)
-    ap.add_argument("--pystream-batch", type=int, default=100_000)
-    ap.add_argument("--pystream-in-flight", type=int, default=200_000)
-    ap.add_argument("--rbfly-batch", type=int, default=1000)
-    ap.add_argument("--rstream-batch", type=int, default=0,
-                    help="messages per send_batch, 0: a 1 MiB frame's worth")
-    ap.add_argument("--rstream-in-flight", type=int, default=200_000)
+    add_settings(ap)
     ap.add_argument("--stream", help=harness.argparse.SUPPRESS)
     ap.add_argument("--target", type=int, help=harness.argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=0, help=harness.argparse.SUPPRESS)
