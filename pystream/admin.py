@@ -97,10 +97,16 @@ class Admin:
 
     def _reopen(self) -> Connection:
         """A new admin connection: to the URI's node, or, while it is
-        down, to another node of its cluster."""
+        down, to another node of its cluster. The node whose connection was
+        just lost comes last: cut off from the others by a partition, it
+        still accepts connections but answers nothing (metadata waits on
+        the rest of the cluster), and each try there would cost a heartbeat
+        timeout."""
+        lost = self._connection.address
         addresses = [self.address, *map(self.pool.address_of, self._nodes)]
+        ordered = [a for a in dict.fromkeys(addresses) if a != lost] + [lost]
         error: BaseException | None = None
-        for address in dict.fromkeys(addresses):
+        for address in ordered:
             conn = Connection(address, **self._options)
             try:
                 conn.open()
