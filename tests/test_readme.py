@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import pytest
 
+import pystream
+
 from .conftest import MODERN_URI, ROOT
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
@@ -106,11 +108,23 @@ def test_matches():
     assert not matches("3", "30")
 
 
+def fresh_streams(code: str) -> None:
+    """Delete the streams an example creates: an example that failed before
+    deleting them (or a run killed midway) must not change the counts the
+    next run prints."""
+    names = re.findall(r"""create_stream\(\s*["']([^"']+)["']""", code)
+    if names:
+        with pystream.connect(MODERN_URI) as client:
+            for name in names:
+                client.delete_stream(name, missing_ok=True)
+
+
 @pytest.mark.broker
 @pytest.mark.parametrize("example", PYTHON, ids=lambda e: e.id)
 def test_python_example(example, monkeypatch):
     monkeypatch.chdir(ROOT)  # examples read the repository's test data
     code = example.code.replace(DEFAULT_URI, MODERN_URI)
+    fresh_streams(code)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(code, f"{example.id} example", "exec"), {})
