@@ -31,7 +31,8 @@ Options (case-insensitive), all strings as Spark passes them:
 - ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
   removed records a read needed, instead of skipping them.
 - ``columns``: optional columns, comma-separated (``properties``,
-  ``application_properties``, ``message_annotations``).
+  ``application_properties``, ``message_annotations``, ``header``,
+  ``footer``: the AMQP sections, as ``pystream.decode`` renders them).
 - ``amqp`` (default true; false: bodies are the raw entries),
   ``readTimeout`` (seconds a task waits for records it knows exist),
   ``consumerName`` (streaming: where ``commit`` stores offsets).
@@ -71,7 +72,8 @@ from .triggers import TriggerLimits, share
 
 log = logging.getLogger("pystream.spark")
 
-OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations")
+OPTIONAL_COLUMNS = ("properties", "application_properties", "message_annotations",
+                    "header", "footer")
 #: Spark's Kafka source writes these for earliest and latest in JSON offsets.
 JSON_SENTINELS = {-2: "earliest", -1: "latest"}
 
