@@ -220,7 +220,7 @@ class Subscriptions:
             sub.last_arrival = time.monotonic()
             if chunk.committed_chunk_id is not None:
                 sub.committed_chunk_id = chunk.committed_chunk_id
-            n = sub.credit.arrived(chunk.size)
+            n = sub.credit.arrived(chunk.size, chunk.next_offset, chunk.num_records)
             self._queue.append(Queued(sub, chunk))
             self._notify()
         metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
