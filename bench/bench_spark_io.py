@@ -1,8 +1,8 @@
 """Spark writing to a stream, Spark reading against the Python data source
 ceiling, and DuckDB reading a range, each beside pystream alone.
 
-    .venv/bin/python bench/bench_spark_io.py      # 10 M written, 2 M read by Spark, 10 M by DuckDB, 3 runs
-    .venv/bin/python bench/bench_spark_io.py --write-messages 2000000 --duckdb-messages 4000000
+    .venv/bin/python bench/bench_spark_io.py      # 10 M records each case, 3 runs
+    .venv/bin/python bench/bench_spark_io.py --messages 2000000 --write-messages 2000000
 
 What it measures (records of 100 B; medians of ``--repeat`` runs, the
 cases taking turns within each run):
@@ -184,7 +184,7 @@ def spark_cases(args):
 
 def main() -> None:
     ap = harness.parser(__doc__, clients=CASES, repeat=3, result="spark_io")
-    ap.add_argument("--messages", type=int, default=2_000_000,
+    ap.add_argument("--messages", type=int, default=10_000_000,
                     help="records of the Spark reads and the ranges (a multiple of 4)")
     ap.add_argument("--write-messages", type=int, default=10_000_000,
                     help="records of the producer and the Spark write")
