@@ -19,7 +19,8 @@ query ``count(*), sum(length(body))`` over its first ``--messages`` records:
 * ``pystream-body``: the same with ``.schema("body binary")``: the source
   then sends only the bodies, as Parquet reads only them.
 * ``python-ceiling``: a Python data source with no I/O at all, yielding
-  one prebuilt batch of 100-byte bodies over and over from 4 partitions:
+  one prebuilt batch of 100-byte bodies over and over from 4 partitions,
+  of as many rows as ``rabbitmq_stream`` 's batches (``BATCH_ROWS``):
   what Spark's Python-worker-to-JVM path alone allows on this machine,
   the ceiling of any Python data source.
 
@@ -69,6 +70,8 @@ def ceiling_source():
     """A data source whose partitions yield the same batch of bodies."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+    from pystream.spark.datasource import BATCH_ROWS
+
     class Reader(DataSourceReader):
         def __init__(self, rows: int) -> None:
             self.rows = rows
@@ -77,7 +80,7 @@ def ceiling_source():
             return [InputPartition(i) for i in range(4)]
 
         def read(self, partition):
-            step = 8192  # about the rows of one bench-100b chunk
+            step = BATCH_ROWS  # the batches rabbitmq_stream hands Spark
             body = pa.array([bytes(100)] * step, pa.binary())
             batch = pa.RecordBatch.from_arrays([body], names=["body"])
             left = self.rows // 4  # --messages is a multiple of 4

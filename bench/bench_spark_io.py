@@ -1,16 +1,18 @@
 """Spark writing to a stream, Spark reading against the Python data source
 ceiling, and DuckDB reading a range, each beside pystream alone.
 
-    .venv/bin/python bench/bench_spark_io.py                     # 2 M rows, 10 M for DuckDB, 3 runs
-    .venv/bin/python bench/bench_spark_io.py --duckdb-messages 4000000 --repeat 3
+    .venv/bin/python bench/bench_spark_io.py      # 10 M records each case, 3 runs
+    .venv/bin/python bench/bench_spark_io.py --messages 2000000 --write-messages 2000000
 
 What it measures (records of 100 B; medians of ``--repeat`` runs, the
 cases taking turns within each run):
 
-* ``producer``: pystream's producer publishing ``--messages`` bodies in
-  batches of 10 000 (``send_batch``, then ``flush``) to a new stream.
+* ``producer``: pystream's producer publishing ``--write-messages`` bodies
+  in batches of 10 000 (``send_batch``, then ``flush``) to a new stream.
 * ``spark-write``: ``df.write.format("rabbitmq_stream")`` of the same
-  count from a cached DataFrame of 2 partitions, to a new stream.
+  count from a DataFrame of 2 partitions (``spark.range`` with a literal
+  body, made as the write goes: the JVM makes rows far faster than the
+  Python workers send them), to a new stream.
 * ``spark-read``: ``count(*), sum(length(body))`` over the ``--stream``
   stream's first ``--messages`` records with ``.schema("body binary")``
   and ``minPartitions`` 4 (as ``bench_spark.py``'s ``pystream-body``).
@@ -126,7 +128,7 @@ def child_main(args) -> None:
         harness.start_watchdog(args.stall)
     n, big = args.messages, args.duckdb_messages
     harness.child_done({
-        "producer": lambda: producer_write(args.uri, n),
+        "producer": lambda: producer_write(args.uri, args.write_messages),
         "read-range": lambda: range_alone(args.uri, args.stream, n),
         "consume": lambda: consume(args.uri, args.stream, big),
         "duckdb": lambda: duck(args.uri, args.stream, big),
@@ -143,9 +145,6 @@ def spark_cases(args):
     from pyspark.sql import functions as F
     spark.dataSource.register(ceiling_source())
     uri = pystream.parse_uri(args.uri).uri()  # the data source takes no password
-    rows = (spark.range(args.messages, numPartitions=2)
-            .select(F.lit(BODY).alias("body")).cache())
-    rows.count()
 
     def timed(action, count: int) -> dict:
         """The Window of ``action()`` without its CPU time (this process's
@@ -161,9 +160,9 @@ def spark_cases(args):
 
     def write(n: int) -> dict:
         fresh(args.uri, TARGET)
-        return timed(lambda: (rows.limit(n) if n < args.messages else rows).write
-                     .format("rabbitmq_stream").mode("append").option("uri", uri)
-                     .option("stream", TARGET).save(), n)
+        rows = spark.range(n, numPartitions=2).select(F.lit(BODY).alias("body"))
+        return timed(lambda: rows.write.format("rabbitmq_stream").mode("append")
+                     .option("uri", uri).option("stream", TARGET).save(), n)
 
     def query(df, n: int) -> dict:
         def run():
@@ -186,8 +185,10 @@ def spark_cases(args):
 
 def main() -> None:
     ap = harness.parser(__doc__, clients=CASES, repeat=3, result="spark_io")
-    ap.add_argument("--messages", type=int, default=2_000_000,
-                    help="records of the Spark cases and of the producer (a multiple of 4)")
+    ap.add_argument("--messages", type=int, default=10_000_000,
+                    help="records of the Spark reads and the ranges (a multiple of 4)")
+    ap.add_argument("--write-messages", type=int, default=10_000_000,
+                    help="records of the producer and the Spark write")
     ap.add_argument("--duckdb-messages", type=int, default=10_000_000,
                     help="records of consume and duckdb")
     ap.add_argument("--stream", default=STREAM,
@@ -220,9 +221,10 @@ def main() -> None:
 
     def run(name: str) -> dict:
         if name in cases:
-            return cases[name](n)
+            return cases[name](args.write_messages if name == "spark-write" else n)
         cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--uri", args.uri,
                "--child", name, "--stream", args.stream, "--messages", str(n),
+               "--write-messages", str(args.write_messages),
                "--duckdb-messages", str(big), "--stall", str(args.stall)]
         return harness.run_child(cmd, args.timeout, args.uri)
 
@@ -235,8 +237,8 @@ def main() -> None:
 
     out = {name: {"summary": harness.summarize(runs[i], 100), "runs": runs[i]}
            for i, name in enumerate(names)}
-    print(f"\n{n:,} records of 100 B ({big:,} for consume and duckdb), "
-          f"medians of {args.repeat}:\n")
+    print(f"\n{n:,} records of 100 B read ({args.write_messages:,} written, {big:,} "
+          f"for consume and duckdb), medians of {args.repeat}:\n")
     for name, c in out.items():
         s = c["summary"]
         if s:
@@ -248,7 +250,8 @@ def main() -> None:
             print(f"  {a} / {b}: {sa['msg_per_s_median'] / sb['msg_per_s_median']:.2f}")
     harness.write_results(args.json, info, {
         "benchmark": "spark_io", "repeat": args.repeat, "messages": n,
-        "duckdb_messages": big, "body_size": 100, "stream": args.stream,
+        "write_messages": args.write_messages, "duckdb_messages": big, "body_size": 100,
+        "stream": args.stream,
         "cases": out})
 
 

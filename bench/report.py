@@ -405,9 +405,14 @@ def spark_io_block() -> str:
     ratio_of = {a: (b, what.replace(" consume rate", "").replace("'s", ""))
                 for a, b, _, _, what in SPARK_IO_RATIOS}
     loads = [x[0] for c in cases.values() for r in c["runs"] for x in r.get("load", []) if x]
-    out = [f"{count(res['messages'])} records of {res['body_size']} B for the Spark rows, "
-           f"the producer and the ranges, {count(res['duckdb_messages'])} for `read_range` "
-           f"and DuckDB; medians of {res['repeat']} runs, the cases taking turns"
+    written = res.get("write_messages", res["messages"])
+    counts = (written, res["messages"], res["duckdb_messages"])
+    scope = (f"{count(written)} records of {res['body_size']} B in every case"
+             if len(set(counts)) == 1 else
+             f"{count(written)} records of {res['body_size']} B for the producer and the "
+             f"Spark write, {count(res['messages'])} for the Spark reads and the ranges, "
+             f"{count(res['duckdb_messages'])} for `read_range` and DuckDB")
+    out = [f"{scope}; medians of {res['repeat']} runs, the cases taking turns"
            + (f", load average {min(loads):.1f} to {max(loads):.1f}" if loads else "")
            + ":", "",
            "| case | seconds | rows/s | ratio | broker CPU (cores) | load |",

@@ -20,7 +20,12 @@ Policies:
     size is estimated by a slowly decaying maximum of recent chunks (it
     starts at the frame size limit), so a burst of large chunks cannot
     overshoot by much. At least one credit is kept while the queue is empty,
-    so a budget smaller than a chunk still makes progress.
+    so a budget smaller than a chunk still makes progress. With ``until``
+    (an offset), no more is granted than the chunks still needed to reach
+    it, judged by the records of recent chunks, and none once a chunk
+    reaching it arrived: a reader of a range fetches few chunks past its
+    end (without it, up to ``max_outstanding``: twice the chunks of a range
+    of 500 000 records of 100 B).
 ``Credit.on_arrival(initial=10)``
     Grants one credit per chunk as it arrives (the Java client's default).
     The queue is not bounded: use it only if the application is faster than
@@ -70,6 +75,7 @@ class Credit:
     max_buffered_bytes: int = 64 << 20
     max_outstanding: int = 64
     ratio: float = 0.5
+    until: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("adaptive", "on_arrival", "on_consumed", "manual"):
@@ -85,12 +91,15 @@ class Credit:
 
     @classmethod
     def adaptive(cls, max_buffered_bytes: int = 64 << 20,
-                 max_outstanding: int = 64) -> Credit:
+                 max_outstanding: int = 64, until: int | None = None) -> Credit:
         """The default: up to ``max_outstanding`` chunks in flight while the
         application keeps up, and no more credit once queued plus in-flight
-        chunks would pass ``max_buffered_bytes`` (wire bytes)."""
+        chunks would pass ``max_buffered_bytes`` (wire bytes). With
+        ``until``, no more than the chunks that offset still needs, as
+        their record counts so far tell (``read_range`` sets it to the
+        range's end)."""
         return cls("adaptive", max_buffered_bytes=max_buffered_bytes,
-                   max_outstanding=max_outstanding)
+                   max_outstanding=max_outstanding, until=until)
 
     @classmethod
     def on_arrival(cls, initial: int = 10) -> Credit:
@@ -123,6 +132,8 @@ class CreditController:
         self.sized = False      # a chunk arrived: the estimate is measured
         self.outstanding = 0    # granted, chunk not yet arrived
         self.queued_bytes = 0   # arrived, not yet handed to the application
+        self.received: int | None = None  # offset after the last chunk arrived
+        self.chunk_records = 1  # records of a chunk (decaying maximum)
 
     def start(self) -> int:
         """Credits for the Subscribe command (a new or resumed subscription;
@@ -137,10 +148,16 @@ class CreditController:
             credits = self.outstanding = p.initial
         return credits
 
-    def arrived(self, size: int) -> int:
-        """A chunk of ``size`` wire bytes arrived and was queued."""
+    def arrived(self, size: int, next_offset: int | None = None,
+                records: int = 1) -> int:
+        """A chunk of ``size`` wire bytes and ``records`` records, ending
+        before ``next_offset``, arrived and was queued."""
         self.outstanding = max(0, self.outstanding - 1)
         self.queued_bytes += size
+        if next_offset is not None:
+            self.received = max(self.received or 0, next_offset)
+        n = self.chunk_records
+        self.chunk_records = max(1, records, n - (n - records) // 16)
         # Decaying maximum: follows smaller chunks slowly, larger ones at once.
         est = self.chunk_estimate
         self.chunk_estimate = max(size, est - (est - size) // 16)
@@ -183,6 +200,9 @@ class CreditController:
         target = min(p.max_outstanding, max(0, budget) // self.chunk_estimate)
         if target == 0 and self.queued_bytes == 0:
             target = 1  # a budget below one chunk must still make progress
+        if p.until is not None and self.received is not None:
+            left = p.until - self.received
+            target = min(target, max(0, -(-left // self.chunk_records)))
         missing = target - self.outstanding
         # Top up in steps of a quarter of the target, not one frame a chunk.
         if missing <= 0 or (threshold and missing < max(1, target // 4)):

@@ -231,7 +231,7 @@ class Subscriptions:
                 sub.received = max(sub.received or 0, chunk.next_offset)
                 if chunk.committed_chunk_id is not None:
                     sub.committed_chunk_id = chunk.committed_chunk_id
-                n += sub.credit.arrived(chunk.size)
+                n += sub.credit.arrived(chunk.size, chunk.next_offset, chunk.num_records)
                 self._queue.append(Queued(sub, chunk))
             sub.last_arrival = time.monotonic()
             self._notify()

@@ -144,3 +144,13 @@ def test_small_chunks_at_a_distance_need_more_chunks_in_flight():
     assert link_flow(Credit.adaptive(), 0.020, chunk=20_000, chunks=5000) < 0.1 * near
     wide = Credit.adaptive(max_outstanding=2048)
     assert link_flow(wide, 0.020, chunk=20_000, chunks=20_000) >= 0.9 * near
+
+
+def test_adaptive_until_grants_only_the_chunks_left():
+    c = CreditController(Credit.adaptive(max_outstanding=64, until=1000), 1 << 20)
+    assert c.start() == 2  # slow start: nothing known of the chunks yet
+    c.arrived(100_000, next_offset=100, records=100)
+    # 900 records left, chunks of 100: nine, one of them already granted
+    assert c.outstanding + c.handed(100_000, 0.0, 1.0) == 9
+    c.arrived(100_000, next_offset=1000, records=100)
+    assert c.handed(100_000, 0.0, 1.0) == 0  # the end arrived: nothing more

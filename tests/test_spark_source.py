@@ -109,6 +109,40 @@ def test_schema_is_sparks_own(spark, million):
         ("message_annotations", "map<string,string>", True)]
 
 
+def test_header_and_footer_columns(spark, stream_name):
+    """The AMQP header and footer sections, as proton (the oracle) decodes
+    the entries an AMQP 1.0 publisher stored."""
+    from proton import Message, symbol
+
+    from . import amqp_oracle as O
+    from .test_amqp_conformance import AMQP_PORTS, publish_amqp10
+
+    footer = O.section(O.FOOTER, {symbol("x-sum"): "abc", symbol("x-n"): 7})
+    sent = [Message(durable=True, priority=7, ttl=5000, first_acquirer=True,
+                    delivery_count=3).encode() + O.data_section(b"a") + footer,
+            O.message_head() + O.data_section(b"b"),
+            O.data_section(b"c") + footer]
+    with pystream.connect(MODERN_URI) as client:
+        client.create_stream(stream_name)
+        try:
+            publish_amqp10(AMQP_PORTS[5552], stream_name, sent)
+            with client.consumer(stream_name, offset="first", amqp=False) as consumer:
+                raw = consumer.read(3, timeout=30).column("body").cast(pa.binary()).to_pylist()
+            df = source(spark, stream=stream_name, columns="footer,header")
+            assert [f.name for f in df.schema][-2:] == ["header", "footer"]
+            rows = df.orderBy("offset").toArrow().to_pylist()
+        finally:
+            client.delete_stream(stream_name)
+    assert [r["body"] for r in rows] == [b"a", b"b", b"c"]
+    for entry, row in zip(raw, rows, strict=True):
+        stored = dict(O.sections(entry))
+        assert row["header"] == O.header_row(stored.get(O.HEADER))
+        assert row["footer"] == O.text_map(stored.get(O.FOOTER))
+    assert rows[0]["header"]["priority"] == 7 and rows[0]["header"]["durable"] is True
+    assert dict(rows[0]["footer"]) == {"x-sum": "abc", "x-n": "7"}
+    assert rows[1]["footer"] is None
+
+
 def test_offsets_and_timestamps_select_a_range(spark, million):
     df = source(spark, stream=million, startingOffsets=json.dumps({million: 1000}),
                 endingOffsets=json.dumps({million: 251_000}), maxRecordsPerPartition="100000")
