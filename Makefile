@@ -49,7 +49,7 @@ sdist: deps
 # ruff over all the Python code, mypy --strict over the package (settings
 # and each exception in pyproject.toml); make test runs it first.
 lint: deps
-	$(PY) -m ruff check pystream tests bench scripts/*.py fuzz/*.py
+	$(PY) -m ruff check pystream tests bench docs scripts/*.py fuzz/*.py
 	$(PY) -m mypy
 
 # The quick tests that need no broker (slow ones build wheels and venvs).
