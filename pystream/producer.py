@@ -388,11 +388,12 @@ class Producer:
     def _retry_gone(self) -> bool:
         """Whether publishes refused for want of the publisher are sent
         again: until they have been refused, with no confirm between, for
-        ``recovery_timeout`` seconds."""
+        ``recovery_timeout`` seconds (never with 0: a producer that does not
+        recover)."""
         now = time.monotonic()
         if self._gone_since is None:
             self._gone_since = now
-        return now - self._gone_since <= self.recovery_timeout
+        return now - self._gone_since < self.recovery_timeout
 
     def _settle(self, ids: np.ndarray, failures: list[tuple[int, int]]) -> None:
         done = []

@@ -478,10 +478,12 @@ def test_import_graph_has_no_cycles():
 @pytest.mark.broker
 def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
     """The broker refuses what a publisher it no longer knows sends (code
-    0x12): those messages are errored, by code, and no longer outstanding."""
+    0x12): to a producer that does not recover (``recovery_timeout=0``;
+    one that does sends them again, tests/test_producer.py), those
+    messages are errored, by code, and no longer outstanding."""
     from pystream import protocol as P
     s = modern_stream
-    producer = modern.producer(s)
+    producer = modern.producer(s, recovery_timeout=0)
     try:
         producer.send_batch([b"kept"] * 5).result(30)
         conn, pid = producer._connection, producer._publisher_id
