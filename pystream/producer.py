@@ -388,8 +388,7 @@ class Producer:
     def _retry_gone(self) -> bool:
         """Whether publishes refused for want of the publisher are sent
         again: until they have been refused, with no confirm between, for
-        ``recovery_timeout`` seconds (never with 0: a producer that does not
-        recover)."""
+        ``recovery_timeout`` seconds (never with 0)."""
         now = time.monotonic()
         if self._gone_since is None:
             self._gone_since = now

@@ -478,8 +478,8 @@ def test_import_graph_has_no_cycles():
 @pytest.mark.broker
 def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
     """The broker refuses what a publisher it no longer knows sends (code
-    0x12): to a producer that does not recover (``recovery_timeout=0``;
-    one that does sends them again, tests/test_producer.py), those
+    0x12): to a producer with ``recovery_timeout=0`` (any other sends them
+    again, tests/test_producer.py), those
     messages are errored, by code, and no longer outstanding."""
     from pystream import protocol as P
     s = modern_stream
