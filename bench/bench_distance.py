@@ -63,7 +63,6 @@ import bench_publish  # noqa: E402
 import harness  # noqa: E402
 from relay.delay import DelayRelay  # noqa: E402
 
-from pystream.errors import StreamError  # noqa: E402
 from pystream.uri import parse_uri  # noqa: E402
 
 CLIENTS = ("wire", "pystream", "rbfly", "rstream")
@@ -158,14 +157,8 @@ def publish_run(args, row: dict, client: str, rtt: float) -> dict:
 
         res = through_relay(args, rtt, run)
         if "error" not in res:
-            try:
-                end = harness.stream_end(args.uri, name)
-            except StreamError as exc:
-                return {**res, "error": f"could not count the stream: {exc}"}
-            res["stream_holds"] = end
-            if end != target:
-                res["error"] = f"the stream holds {end:,} messages, {target:,} published"
-            elif res["relay"].get("bytes_up", 0) < target * size:
+            res = bench_publish.counted(args.uri, name, target, res)
+            if "error" not in res and res["relay"].get("bytes_up", 0) < target * size:
                 res["error"] = "a connection went around the relay"
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(name, missing_ok=True))

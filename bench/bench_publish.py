@@ -284,16 +284,22 @@ def one_run(args, client: str, target: int, name: str) -> dict:
                    "--timeout", str(args.timeout)]
             res = harness.run_child(cmd, args.timeout, args.uri)
         if "error" not in res:
-            try:
-                end = harness.stream_end(args.uri, name)
-            except StreamError as exc:
-                return {**res, "error": f"could not count the stream: {exc}"}
-            res["stream_holds"] = end
-            if end != target:
-                res = {**res, "error": f"the stream holds {end:,} messages, "
-                                       f"{target:,} published"}
+            res = counted(args.uri, name, target, res)
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(name, missing_ok=True))
+    return res
+
+
+def counted(uri: str, stream: str, target: int, res: dict) -> dict:
+    """``res`` with the count the stream holds, and an error when that is
+    not what was published."""
+    try:
+        end = harness.stream_end(uri, stream)
+    except StreamError as exc:
+        return {**res, "error": f"could not count the stream: {exc}"}
+    res = {**res, "stream_holds": end}
+    if end != target:
+        res["error"] = f"the stream holds {end:,} messages, {target:,} published"
     return res
 
 
