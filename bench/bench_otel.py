@@ -62,7 +62,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -303,14 +302,6 @@ def one_run(args, kind: str, mode: str, target: int) -> dict:
                                                           missing_ok=True))
 
 
-def otel_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in ("opentelemetry-api", "opentelemetry-sdk"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def quartiles(xs: list[float]) -> list[float] | None:
@@ -375,7 +366,6 @@ def main() -> None:
     kinds = harness.chosen_rows(ap, args.rows, ROWS)
     targets = {"consume": args.consume_messages, "publish": args.publish_messages}
     info = harness.machine(args.uri)
-    info["versions"] = {**info["versions"], **otel_versions()}
     harness.banner(info, "otel")
 
     hooks = {}

@@ -198,15 +198,6 @@ def main() -> None:
         return child_main(args)
     names = harness.chosen(ap, args)
     info = harness.machine(args.uri)
-    from importlib import metadata
-
-    import pystream
-    if not info["versions"].get("pystream"):  # built in place, not installed
-        info["versions"]["pystream"] = getattr(pystream, "__version__", None)
-    try:
-        info["versions"]["duckdb"] = metadata.version("duckdb")
-    except metadata.PackageNotFoundError:  # the duckdb case fails
-        info["versions"]["duckdb"] = None
     harness.banner(info, "spark_io")
     os.environ[harness.BROKER_PID_ENV] = str(harness.broker_pid(args.uri))
     n, big = args.messages, args.duckdb_messages

@@ -37,8 +37,8 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 WIRE = HERE / "wire" / "wire"
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
-PACKAGES = ("pystream", "rbfly", "rstream", "pyarrow", "numpy", "pyspark")
-DISTRIBUTIONS = {"pystream": "pystream-rabbitmq"}
+PACKAGES = ("rbfly", "rstream", "pyarrow", "numpy", "pyspark", "duckdb",
+            "opentelemetry-api", "opentelemetry-sdk")
 BROKER_PID_ENV = "PYSTREAM_BENCH_BROKER_PID"
 
 
@@ -375,8 +375,7 @@ def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
-            # pystream's distribution is pystream-rabbitmq (setup.py).
-            out[name] = metadata.version(DISTRIBUTIONS.get(name, name))
+            out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
     # The checkout measured is imported in place: no installed metadata
