@@ -27,7 +27,11 @@ cases taking turns within each run):
   ``read_range`` through the Arrow C stream interface.
 
 The Spark cases run in one ``local[2]`` session of this process (warmed up
-once); the others each in a fresh process. The ratios docs/spark.md states
+once); the others each in a fresh process. For the Spark reads, each run
+also records the CPU time of the JVM and of its Python workers
+(``jvm_cpu``, ``python_cpu``: the two cores are shared by them and the
+broker, so the read's extra CPU time, not its wall time alone, says where
+it loses to the ceiling). The ratios docs/spark.md states
 (write / producer, read / ceiling, duckdb / consume) are of the medians;
 ``bench/report.py`` renders them, with the targets, from
 ``bench/results/spark_io.json`` (the runs, the broker's CPU time and the
@@ -39,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import statistics
 import sys
 
 import pyarrow as pa
@@ -138,6 +143,52 @@ def child_main(args) -> None:
 # --- the Spark cases, in this process's session ------------------------------------
 
 
+def _children(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (the JVM starts the Python
+    daemon from a thread other than its main one)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            text = pathlib.Path(f"/proc/{pid}/task/{task}/children").read_text()
+            out += [int(x) for x in text.split()]
+    except OSError:
+        pass
+    return out
+
+
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """CPU seconds of the JVM child ``pid`` of this process (its own
+    threads) and of the Python processes under it, reaped workers included
+    (their parent's cutime and cstime)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    jvm = python = 0.0
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        if p == pid:
+            jvm = own / tick
+        else:
+            python += (own + reaped) / tick
+        stack += _children(p)
+    return jvm, python
+
+
+def _jvm_pid() -> int | None:
+    for pid in _children(os.getpid()):
+        try:
+            if "java" in pathlib.Path(f"/proc/{pid}/comm").read_text():
+                return pid
+        except OSError:
+            pass
+    return None
+
+
+
 def spark_cases(args):
     """{case: run(count) -> result} over one warmed-up Spark session."""
     import pystream
@@ -145,16 +196,21 @@ def spark_cases(args):
     from pyspark.sql import functions as F
     spark.dataSource.register(ceiling_source())
     uri = pystream.parse_uri(args.uri).uri()  # the data source takes no password
+    jvm = _jvm_pid()
 
     def timed(action, count: int) -> dict:
         """The Window of ``action()`` without its CPU time (this process's
-        is the driver's alone, not the JVM's or the workers')."""
+        is the driver's alone), with the JVM's and its Python workers'."""
         load = harness.loadavg()
+        before = _cpu_times(jvm) if jvm else None
         window = Window()
         window.start()
         error = action()
         res = window.stop(count)
         res.pop("cpu")
+        if before is not None:
+            after = _cpu_times(jvm)
+            res["jvm_cpu"], res["python_cpu"] = (b - a for a, b in zip(before, after))
         res["load"] = [load, harness.loadavg()]
         return {"error": error, "load": res["load"]} if error else res
 
@@ -181,6 +237,19 @@ def spark_cases(args):
         return query(spark.read.format("ceiling").option("rows", n).load(), n)
 
     return spark, {"spark-write": write, "spark-read": read, "python-ceiling": ceiling}
+
+
+def summary(runs: list[dict]) -> dict | None:
+    """``harness.summarize``, with the medians of the JVM's and the Python
+    workers' CPU seconds per million records where the runs have them."""
+    out = harness.summarize(runs, 100)
+    good = [r for r in runs if "error" not in r]
+    if out is not None:
+        for key in ("jvm_cpu", "python_cpu"):
+            if all(key in r for r in good):
+                out[f"{key}_s_per_m_median"] = statistics.median(
+                    r[key] / r["messages"] * 1e6 for r in good)
+    return out
 
 
 def main() -> None:
@@ -226,15 +295,19 @@ def main() -> None:
             spark.stop()
         harness.admin(args.uri, lambda c: c.delete_stream(TARGET, missing_ok=True))
 
-    out = {name: {"summary": harness.summarize(runs[i], 100), "runs": runs[i]}
+    out = {name: {"summary": summary(runs[i]), "runs": runs[i]}
            for i, name in enumerate(names)}
     print(f"\n{n:,} records of 100 B read ({args.write_messages:,} written, {big:,} "
           f"for consume and duckdb), medians of {args.repeat}:\n")
     for name, c in out.items():
         s = c["summary"]
         if s:
+            cpu = "".join(f", {what} {s[key]:.2f}" for what, key in (
+                ("JVM", "jvm_cpu_s_per_m_median"), ("workers", "python_cpu_s_per_m_median"),
+                ("broker", "broker_cpu_s_per_m_median")) if key in s)
             print(f"  {name:16} {s['seconds_median']:6.2f} s "
-                  f"{harness.fmt_rate(s['msg_per_s_median'])} rows/s")
+                  f"{harness.fmt_rate(s['msg_per_s_median'])} rows/s"
+                  + (f" (CPU s per M records{cpu})" if cpu else ""))
     for a, b in RATIOS:
         sa, sb = (out.get(x, {}).get("summary") for x in (a, b))
         if sa and sb:

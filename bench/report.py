@@ -448,6 +448,16 @@ def spark_io_block() -> str:
                     f"decode, trim, add the `stream` column) reads the same ranges at "
                     f"{rate(med(alone))} rows/s in one process, "
                     f"{med(alone) / med(read):.1f}x what Spark's path moves; {beside}."]
+        keys = ("jvm_cpu_s_per_m_median", "python_cpu_s_per_m_median",
+                "broker_cpu_s_per_m_median")
+        if all(k in x for k in keys for x in (read, ceil)):
+            cost = [sum(x[k] for k in keys) for x in (read, ceil)]
+            out += ["", f"CPU seconds per million records, the read beside the ceiling: "
+                        f"JVM {read[keys[0]]:.2f} and {ceil[keys[0]]:.2f}, Python "
+                        f"workers {read[keys[1]]:.2f} and {ceil[keys[1]]:.2f}, broker "
+                        f"{read[keys[2]]:.2f} and {ceil[keys[2]]:.2f}: {cost[0]:.2f} "
+                        f"and {cost[1]:.2f} in all, a ratio of {cost[1] / cost[0]:.2f} "
+                        f"(the rate ratio where both keep the 2 cores busy)."]
     out += ["", machine_line(res["machine"], "Measured")]
     return "\n".join(out) + "\n"
 
