@@ -210,7 +210,7 @@ def spark_cases(args):
         res.pop("cpu")
         if before is not None:
             after = _cpu_times(jvm)
-            res["jvm_cpu"], res["python_cpu"] = (b - a for a, b in zip(before, after))
+            res["jvm_cpu"], res["python_cpu"] = (b - a for a, b in zip(before, after, strict=True))
         res["load"] = [load, harness.loadavg()]
         return {"error": error, "load": res["load"]} if error else res
 
