@@ -22,16 +22,18 @@ against the modern broker (``--uri``):
 
 First, on its own and in thread CPU time, what each metric costs on the
 hot paths (``hook_costs``, once per mode): the per-chunk hook (three
-integer counters and, with the SDK, the ``chunk_size`` values it holds and
-records in bursts), one histogram value, the publisher's per-batch
+integer counters and, with the SDK, holding the ``chunk_size`` value for
+the next collection to record), one histogram value, the publisher's per-batch
 counters, and one collection of every instrument; the hook and the value
 both back to back and after evicting the CPU's caches as a chunk's decode
 does.
 
 Then, in every sdk run, the thread CPU of each call of the per-chunk hook
-and of each collection and export, where they run: their share of the
-run's CPU (``sdk_cpu_share``), which the machine's load moves far less
-than it moves the throughput.
+and of each collection and export, where they run, and of recording the
+``chunk_size`` values still held when the run ends (which a collection
+after the run would record: they are the run's): their share of the run's
+CPU (``sdk_cpu_share``), which the machine's load moves far less than it
+moves the throughput.
 
 Two rows (``--rows``):
 
@@ -59,8 +61,10 @@ Target: the SDK costs at most 2 % of consume and publish throughput.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -108,61 +112,85 @@ def setup_mode(mode: str, interval: float) -> None:
 
         class TimedReader(PeriodicExportingMetricReader):
             def collect(self, timeout_millis: float = 10_000) -> None:
-                t0 = time.thread_time()
-                try:
+                with collecting():
                     super().collect(timeout_millis=timeout_millis)
-                finally:
-                    SDK_CPU[1] += time.thread_time() - t0
 
         reader = TimedReader(Discard(), export_interval_millis=interval * 1000)
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
-# The SDK's work in a run, in thread CPU seconds: [pystream's per-chunk
-# hook (the counters, and the chunk_size values it records), every
-# collection and export] (sdk mode). Timed where it happens, in the run
-# itself, it is compared with the run's CPU: a share the machine's noise
-# moves far less than the throughput.
+# The SDK's work in a run, in thread CPU seconds: [the chunk_size values
+# recorded outside collections (by the reader, once it holds
+# CHUNK_SIZE_HELD), every collection and export with the values it
+# records] (sdk mode). Timed where it happens, in the run itself, it is
+# compared with the run's CPU: a share the machine's noise moves far less
+# than the throughput. Per chunk the hook adds only holding a value, timed
+# alone (hook_costs): timing each call in the runs would cost more.
 SDK_CPU = [0.0, 0.0]
+_in_collection = threading.local()
+
+
+@contextlib.contextmanager
+def collecting():
+    """Time a collection (or its stand-in) into SDK_CPU[1], and tell
+    ``time_sdk_records`` that the values recorded meanwhile are counted."""
+    t0 = time.thread_time()
+    _in_collection.on = True
+    try:
+        yield
+    finally:
+        _in_collection.on = False
+        SDK_CPU[1] += time.thread_time() - t0
 
 
 class SdkWindow(Window):
     """The run's window, with the SDK's work within it (a collection in
-    progress at either end counts when it ends)."""
+    progress at either end counts when it ends). The chunk_size values the
+    consumer still holds at the end are recorded within the window, timed
+    as a collection's work: the next collection would record them."""
 
     def start(self) -> None:
         self.sdk0 = list(SDK_CPU)
         super().start()
 
     def stop(self, messages: int, **extra: object) -> dict:
+        from pystream import metrics
+        with collecting():
+            metrics.flush_chunk_sizes()
         out = super().stop(messages, **extra)
-        out["sdk_hook_cpu"] = SDK_CPU[0] - self.sdk0[0]
+        out["sdk_reader_cpu"] = SDK_CPU[0] - self.sdk0[0]
         out["sdk_collect_cpu"] = SDK_CPU[1] - self.sdk0[1]
         return out
 
 
-def time_chunk_hook(metrics) -> None:
-    """Time every call of ``metrics.chunk_received`` into SDK_CPU[0]."""
-    hook = metrics.chunk_received
+def time_sdk_records(metrics) -> None:
+    """Time the chunk_size values recorded outside collections into
+    SDK_CPU[0]."""
+    record = metrics._record_chunk_sizes
 
     def timed(*args) -> None:
+        if getattr(_in_collection, "on", False):
+            record(*args)
+            return
         t0 = time.thread_time()
-        hook(*args)
+        record(*args)
         SDK_CPU[0] += time.thread_time() - t0
-    metrics.chunk_received = timed
+    metrics._record_chunk_sizes = timed
 
 
 def cpu_us(calls: dict, number: int = 2000, repeat: int = 15,
-           between=None) -> dict[str, float]:
+           between=None, reset=None) -> dict[str, float]:
     """The median CPU time of this thread per call of each of ``calls``
     ({name: call}) in µs, the calls taking turns within each repetition so
     that the machine's moods fall on all of them. CPU, not wall time: the
     throughput runs' costs are compared as CPU, and the shared machine
     stretches wall time unevenly. ``between``, untimed, runs before each
-    call."""
+    call, ``reset`` before each run of ``number`` calls."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeat):
         for name, call in calls.items():
+            if reset is not None:
+                reset()
             spent = 0.0
             if between is None:
                 t0 = time.thread_time()
@@ -183,13 +211,16 @@ def hook_costs(mode: str, uri: str) -> dict:
     """What each metric costs on the hot paths, measured on its own (the
     throughput runs are too noisy to resolve it): the per-chunk hook
     (``metrics.chunk_received``: three integer counters and, with an SDK,
-    the ``chunk_size`` histogram value), one histogram value recorded by
+    holding the ``chunk_size`` value, a collection recording what was held
+    before each run of calls, untimed), one histogram value recorded by
     itself, the publisher's per-batch counters (two integers the producer
-    bumps inline, timed as a call) and, with the SDK, one collection of
-    every instrument (the lag gauge's request to the broker left out).
-    The hook and the value are timed twice: back to back (the code in the
-    CPU's caches), and each after copying ``HOOK_BYTES`` (as decoding a
-    chunk does, evicting it: ``_cold``)."""
+    bumps inline, timed as a call) and, with the SDK, a value held and
+    recorded by a collection (``chunk_size_flush_us``: 2 000 held, their
+    recording timed) and one collection of every instrument with nothing
+    held (the lag gauge's request to the broker left out). The hook and the
+    value are timed twice: back to back (the code in the CPU's caches), and
+    each after copying ``HOOK_BYTES`` (as decoding a chunk does, evicting
+    it: ``_cold``)."""
     from pystream import metrics
     from pystream.uri import parse_uri
     address = parse_uri(uri)
@@ -215,11 +246,22 @@ def hook_costs(mode: str, uri: str) -> dict:
             HOOK_ENTRIES, stats.chunk_attributes)
     out = {"chunk_entries": HOOK_ENTRIES, "clock": "thread CPU time, median of 15",
            "chunk_size_record_us": None, "collect_ms": None,
-           **cpu_us({**calls, "batch_hook_us": batch_hook}),
+           **cpu_us({**calls, "batch_hook_us": batch_hook},
+                    reset=metrics.flush_chunk_sizes),
            **{f"{name[:-3]}_cold_us": us for name, us in cpu_us(
-               calls, number=256, between=lambda: bytes(chunk)).items()}}
+               calls, number=256, between=lambda: bytes(chunk),
+               reset=metrics.flush_chunk_sizes).items()}}
     if reader is not None:
+        metrics.flush_chunk_sizes()
         out["collect_ms"] = cpu_us({"c": reader.get_metrics_data}, number=20)["c"] / 1e3
+        flushes = []
+        for _ in range(15):
+            for _ in range(2000):
+                metrics.chunk_received(stats, HOOK_ENTRIES, HOOK_BYTES, 50_000)
+            t0 = time.thread_time()
+            metrics.flush_chunk_sizes()
+            flushes.append((time.thread_time() - t0) / 2000 * 1e6)
+        out["chunk_size_flush_us"] = statistics.median(flushes)
     return out
 
 
@@ -267,7 +309,7 @@ def child_main(args) -> None:
     inst = pystream.metrics.instruments()
     setup_ms = (time.thread_time() - t0) * 1e3
     if mode == "sdk":
-        time_chunk_hook(pystream.metrics)
+        time_sdk_records(pystream.metrics)
     clock = SdkWindow() if mode == "sdk" else Window()
     with pystream.connect(args.uri) as client:
         run = consume if args.kind == "consume" else publish
@@ -339,11 +381,12 @@ def vs_absent(row: dict, mode: str) -> dict:
 
 def sdk_share(runs: list[dict]) -> dict:
     """The SDK's work timed within each sdk run over the run's CPU:
-    quartiles of the per-chunk hook's share, the collections', both."""
-    good = [r for r in runs if "error" not in r and r.get("cpu") and "sdk_hook_cpu" in r]
-    return {"hook": quartiles([r["sdk_hook_cpu"] / r["cpu"] for r in good]),
+    quartiles of the share of the values the reader recorded itself, of
+    the collections (with the values they record), of both."""
+    good = [r for r in runs if "error" not in r and r.get("cpu") and "sdk_reader_cpu" in r]
+    return {"reader": quartiles([r["sdk_reader_cpu"] / r["cpu"] for r in good]),
             "collect": quartiles([r["sdk_collect_cpu"] / r["cpu"] for r in good]),
-            "total": quartiles([(r["sdk_hook_cpu"] + r["sdk_collect_cpu"]) / r["cpu"]
+            "total": quartiles([(r["sdk_reader_cpu"] + r["sdk_collect_cpu"]) / r["cpu"]
                                 for r in good])}
 
 
@@ -362,6 +405,7 @@ def main() -> None:
         child_main(args)
         return
 
+    from pystream import metrics
     modes = harness.chosen(ap, args)
     kinds = harness.chosen_rows(ap, args.rows, ROWS)
     targets = {"consume": args.consume_messages, "publish": args.publish_messages}
@@ -413,7 +457,8 @@ def main() -> None:
         print(f"{k:10}{cells}{'' if change is None else f'{change:+.1%}':>16}")
     harness.write_results(args.json, info, {
         "benchmark": "otel", "repeat": args.repeat, "order": "rotated",
-        "sdk_export_interval_s": args.interval, "hook_costs": hooks,
+        "sdk_export_interval_s": args.interval,
+        "chunk_size_held": metrics.CHUNK_SIZE_HELD, "hook_costs": hooks,
         "rows": out_rows})
 
 

@@ -35,18 +35,6 @@ def about(x: float) -> str:
     return f"{round(x, -2) if x >= 1000 else round(x):,.0f}".replace(",", " ")
 
 
-def net_share(row: dict, absent_hook_us: float | None) -> float | None:
-    """The median over the sdk runs of the SDK's timed work less what the
-    hook costs without it (counters and the timer), over the run's CPU."""
-    if absent_hook_us is None:
-        return None
-    xs = [(r["sdk_hook_cpu"] - r["batches"] * absent_hook_us * 1e-6
-           + r["sdk_collect_cpu"]) / r["cpu"]
-          for r in row["clients"].get("sdk", {}).get("runs", [])
-          if "error" not in r and r.get("cpu") and "sdk_hook_cpu" in r and r.get("batches")]
-    return statistics.median(xs) if xs else None
-
-
 def otel_block() -> str:
     """The Monitoring section's cost of the metrics (bench/bench_otel.py)."""
     res = load("otel")
@@ -153,7 +141,7 @@ def otel_block() -> str:
                      "does, which evicts the SDK's code from the CPU's caches")
         text += (f"): the per-chunk hook takes {micro(absent['chunk_hook_us'])} µs without "
                  f"the SDK (three integer counters) and {micro(sdk['chunk_hook_us'])} µs "
-                 "with it")
+                 "with it (holding the `chunk_size` value for the next collection)")
         if cold:
             text += (f", {micro(absent['chunk_hook_cold_us'])} and "
                      f"{micro(sdk['chunk_hook_cold_us'])} µs after the copy")
@@ -162,20 +150,23 @@ def otel_block() -> str:
                      f"{micro(sdk['chunk_size_record_us'])} µs"
                      + (f", {micro(sdk['chunk_size_record_cold_us'])} µs after the copy"
                         if "chunk_size_record_cold_us" in sdk else "")
-                     + " (it copies, checks and hashes the attributes of every value, "
-                     "and the API has no call for several values); so the hook holds "
-                     "the values and records them in bursts, and each collection "
-                     "records those held first")
+                     + " (it checks, copies and hashes the attributes of every value, "
+                     "and the API has no call for several values or for one value seen "
+                     "n times)")
+            if sdk.get("chunk_size_flush_us") is not None:
+                text += (f"; recorded by a collection among 2 000 held, "
+                         f"{micro(sdk['chunk_size_flush_us'])} µs a value")
         base = consume and consume["clients"].get("absent", {}).get("summary")
-        if rpc and base:
-            hook_us = sdk["chunk_hook_cold_us" if cold else "chunk_hook_us"]
-            per_record = hook_us * 1e3 / rpc
+        if rpc and base and sdk.get("chunk_size_flush_us") is not None:
+            chunk_us = sdk["chunk_size_flush_us"] + max(
+                0.0, sdk["chunk_hook_us"] - absent["chunk_hook_us"])
+            per_record = chunk_us * 1e3 / rpc
             cpu_record = base["cpu_s_per_m_median"] * 1e3
             share = per_record / cpu_record
-            text += (f". The hook{' after the copy' if cold else ''} is "
-                     f"{per_record:.1f} ns a record at {about(rpc)} records a chunk "
-                     f"against some {cpu_record:.0f} ns of CPU a record consumed: "
-                     f"about {share * 100:.1f} %, "
+            text += (f". Held and recorded so, a chunk's value costs {per_record:.1f} ns "
+                     f"a record at {about(rpc)} records a chunk against some "
+                     f"{cpu_record:.0f} ns of CPU a record consumed: about "
+                     f"{share * 100:.1f} %, "
                      + ("within" if share <= OTEL_TARGET else "over")
                      + " the 2 % aimed at, and more with smaller chunks at a high rate")
         if sdk.get("batch_hook_us") is not None:
@@ -194,39 +185,31 @@ def otel_block() -> str:
             t = q["total"]
             part = (f"{k} {share_pct(t[2])} (middle half {share_pct(t[1])} to "
                     f"{share_pct(t[3])}, runs {share_pct(t[0])} to {share_pct(t[4])})")
-            if k == "consume" and q.get("hook"):
-                part += (f", of which the per-chunk hook {share_pct(q['hook'][2])} and the "
-                         f"collections {share_pct(q['collect'][2])}")
-                net = net_share(rows[k], absent.get("chunk_hook_cold_us"))
-                if net is not None:
-                    part += (f"; less what the same hook costs without the SDK (the "
-                             f"counters and this timing: "
-                             f"{micro(absent['chunk_hook_cold_us'])} µs a chunk, "
-                             f"measured alone after the copy), {share_pct(net)}")
+            if k == "consume" and q.get("reader"):
+                part += f", of which the reader's own records {share_pct(q['reader'][2])}"
             parts.append(part)
-        out += ["In the SDK runs themselves, the time of pystream's per-chunk hook and "
-                "of every collection and export, measured in thread CPU where they "
-                "run, against the client's CPU over the run (median of "
+        out += ["In the SDK runs themselves, the SDK's work measured in thread CPU where "
+                "it runs (every collection and export with the `chunk_size` values it "
+                "records, the values still held when the run ends, recorded then, and "
+                "any the reader recorded itself, past "
+                + f"{res['chunk_size_held']:,}".replace(",", " ")
+                + " held) against the client's CPU over the run (median of "
                 f"{n}): " + "; ".join(parts) + ". A share of the same run's CPU, it "
                 "moves far less with the machine's load than the throughput does; "
-                "it leaves out what the SDK costs indirectly (caches, the collector "
-                "thread's wake-ups).", ""]
+                "it leaves out holding each value (measured alone above) and what the "
+                "SDK costs indirectly (caches, the collector thread's wake-ups).", ""]
     slow = load("otel-60s")
     if slow and slow["rows"].get("consume", {}).get("sdk_cpu_share"):
-        c = slow["rows"]["consume"]
-        net = net_share(c, slow["hook_costs"].get("absent", {}).get("chunk_hook_cold_us"))
+        c = slow["rows"]["consume"]["sdk_cpu_share"]["total"]
         p = slow["rows"].get("publish", {}).get("sdk_cpu_share", {}).get("total")
         out += [f"With a reader every {slow['sdk_export_interval_s']:g} s instead, as "
                 f"deployments collect ({slow['repeat']} runs of absent and SDK taking "
                 f"turns, `bench/results/otel-60s.json`, commit "
                 f"`{slow['machine']['commit'][:10]}`, load average "
                 f"{slow['machine']['loadavg_start'][0]:.1f}), no collection falls in a "
-                "run: the per-chunk hook took "
-                f"{share_pct(c['sdk_cpu_share']['hook'][2])} of consume CPU (runs "
-                f"{share_pct(c['sdk_cpu_share']['hook'][0])} to "
-                f"{share_pct(c['sdk_cpu_share']['hook'][4])})"
-                + (f", {share_pct(net)} less its cost without the SDK" if net is not None
-                   else "")
+                "run, and recording the values held when it ends took "
+                f"{share_pct(c[2])} of consume CPU (runs {share_pct(c[0])} to "
+                f"{share_pct(c[4])})"
                 + (f", and publishing {share_pct(p[2])}" if p else "") + ".", ""]
     setups = {m: [r["setup_ms"] for row in rows.values()
                   for r in row["clients"].get(m, {}).get("runs", []) if "setup_ms" in r]
@@ -254,9 +237,7 @@ def otel_block() -> str:
                                     if api is not None and api < 0 else "")
                                  + ", over the target unless the noise accounts for it")
         if in_run:
-            figures = {k: net if k == "consume" and (net := net_share(
-                           rows[k], absent.get("chunk_hook_cold_us"))) is not None
-                       else q["total"][2] for k, q in in_run.items()}
+            figures = {k: q["total"][2] for k, q in in_run.items()}
             verdict_text += ("; measured in the runs as a share of their CPU, what the "
                              "SDK adds took " + " and ".join(
                                  f"{share_pct(x)} {k}" for k, x in figures.items())

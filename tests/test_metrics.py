@@ -128,16 +128,18 @@ def test_publish_and_consume_counters_equal_the_records(reader, modern,
         assert sum(v for _, v in data["rabbitmq.stream.connections"]) >= 2
 
 
-def test_chunk_sizes_held_in_bursts_export_as_one_value_per_chunk(reader):
-    """chunk_received holds the chunk_size values and records them in
-    bursts; every collection records what is held first, so each one
-    exports what a value recorded per chunk would: count, sum, min, max,
-    even while a reader thread races the collections."""
+def test_chunk_sizes_held_for_collections_export_as_one_value_per_chunk(reader):
+    """chunk_received holds the chunk_size values for the collections to
+    record (and records the oldest itself past CHUNK_SIZE_HELD); every
+    collection records what is held first, so each one exports what a value
+    recorded per chunk would: count, sum, min, max, even while a reader
+    thread races the collections."""
     import threading
 
     stats = metrics.consumer_stats(parse_uri(MODERN_URI), "held-sizes", None)
     chunks = stats.chunks
-    sizes = [1 + (i * 37) % 9000 for i in range(metrics.CHUNK_SIZE_BURST * 3 + 5)]
+    held = metrics.CHUNK_SIZE_HELD
+    sizes = [1 + (i * 37) % 9000 for i in range(2 * held + 5 * metrics.CHUNK_SIZE_BURST)]
 
     def point():
         for resource in reader.get_metrics_data().resource_metrics:
@@ -149,12 +151,14 @@ def test_chunk_sizes_held_in_bursts_export_as_one_value_per_chunk(reader):
                             return p.count, p.sum, p.min, p.max
         return 0, 0, None, None
 
-    for n in (3, metrics.CHUNK_SIZE_BURST + 1, len(sizes)):   # below, past a burst
+    for n in (3, 3 + held, len(sizes)):   # held, up to the bound, past it
         for entries in sizes[point()[0]:n]:
             metrics.chunk_received(stats, entries, 100, 10)
+        assert len(stats.chunk_sizes) <= held
         assert point() == (n, sum(sizes[:n]), min(sizes[:n]), max(sizes[:n]))
+        assert not stats.chunk_sizes
 
-    more = [7] * 5000
+    more = [7] * 20_000
     feeder = threading.Thread(target=lambda: [
         metrics.chunk_received(stats, e, 100, 10) for e in more])
     feeder.start()
