@@ -231,14 +231,21 @@ class Producer:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids this producer sent,
         and ids the broker already has for ``name`` are dropped by it."""
-        batch = as_batch(messages)
-        if batch.num_rows == 0:
+        if isinstance(messages, (list, tuple)) and (
+                filter_values is not None or self.filter_value is None):
+            # Bodies alone: the encoder reads the bytes objects in place.
+            bodies: Any = tuple(messages)
+            batch = None
+        else:
+            batch = as_batch(messages)
+            bodies = batch.column("body")
+            if filter_values is None:
+                filter_values = self._filter_values(batch)
+        if len(bodies) == 0:
             done: Future[int] = Future()
             done.set_result(self.last_publishing_id)
             return done
-        if filter_values is None:
-            filter_values = self._filter_values(batch)
-        return self._publish(batch, filter_values, publishing_id, None)
+        return self._publish(bodies, batch, filter_values, publishing_id, None)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send what ``send`` gathered and wait for every confirm; raises
@@ -306,16 +313,19 @@ class Producer:
                          if any(f is not None for f in filters)
                          else self._filter_values(batch))
         try:
-            self._publish(batch, filter_values, None, list(futures))
+            self._publish(batch.column("body"), batch, filter_values, None,
+                          list(futures))
         except BaseException as exc:
             for f in futures:
                 f.set_exception(exc)
             raise
 
-    def _publish(self, batch: pa.RecordBatch, filter_values: Any,
-                 publishing_id: int | None,
+    def _publish(self, bodies: Any, batch: pa.RecordBatch | None,
+                 filter_values: Any, publishing_id: int | None,
                  message_futures: list[Future[int]] | None) -> Future[int]:
-        n = batch.num_rows
+        """Encode and send ``bodies`` (an Arrow array, or a tuple of bytes),
+        with the other columns of ``batch``."""
+        n = len(bodies)
         with self._cond:
             # Back-pressure: wait for confirms rather than grow memory (not
             # under the send lock: recovery needs it to send them again).
@@ -336,7 +346,7 @@ class Producer:
                     first = publishing_id
                 conn = self._connection
             frames, counts = encode_publish(
-                self._publisher_id, first, batch.column("body"),
+                self._publisher_id, first, bodies,
                 properties=_column(batch, "properties"),
                 application_properties=_column(batch, "application_properties"),
                 message_annotations=_column(batch, "message_annotations"),
@@ -585,7 +595,9 @@ class Producer:
                 pass  # the futures carry the error
 
 
-def _column(batch: pa.RecordBatch, name: str) -> pa.Array[Any] | None:
+def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
+    if batch is None:
+        return None
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
 
