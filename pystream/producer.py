@@ -70,14 +70,15 @@ def codec(name: str | None) -> Codec | None:
 class _Batch:
     """Frames sent and waiting for their confirms."""
 
-    __slots__ = ("first_id", "counts", "remaining", "messages", "frames",
-                 "future", "message_futures", "failures")
+    __slots__ = ("first_id", "counts", "remaining", "settled", "messages",
+                 "frames", "future", "message_futures", "failures")
 
     def __init__(self, first_id: int, counts: np.ndarray, frames: pa.Buffer | bytes,
                  message_futures: list[Future[int]] | None) -> None:
         self.first_id = first_id
         self.counts = counts                # messages per publishing id
         self.remaining = len(counts)        # ids not yet confirmed or refused
+        self.settled = np.zeros(len(counts), np.bool_)  # ... and which are
         self.messages = int(counts.sum())
         self.frames = frames
         self.future: Future[int] = Future()  # resolves to the last id
@@ -421,6 +422,7 @@ class Producer:
             for i in np.nonzero(hits)[0]:
                 b = pending[i]
                 b.remaining -= int(hits[i])
+                b.settled[ids[known & (which == i)] - b.first_id] = True
                 b.failures += [(pid, c) for pid, c in refused.items()
                                if b.first_id <= pid <= b.last_id]
             while pending and pending[0].remaining <= 0:
@@ -490,12 +492,13 @@ class Producer:
                 with self._send_lock:
                     connection = self._connect()
                     with self._cond:
-                        frames = [b.frames for b in self._pending]
+                        frames = [_unsettled_frames(b, self._publisher_id)
+                                  for b in self._pending]
                         first = (self._pending[0].first_id if self._pending
                                  else None)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
-                        connection.send_bytes(_with_publisher_id(f, self._publisher_id))
+                        connection.send_bytes(f)
                         self._stats.written_bytes += len(f)
                 with self._cond:
                     again, self._lost_again = self._lost_again, None
@@ -602,13 +605,23 @@ def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
     return None if i < 0 else batch.column(i)
 
 
-def _with_publisher_id(frames: pa.Buffer | bytes, publisher_id: int) -> bytes:
-    """The frames with another publisher id (after a reconnection)."""
-    out = bytearray(frames)
-    pos = 0
-    while pos < len(out):
-        size = int.from_bytes(out[pos:pos + 4], "big")
-        out[pos + 8] = publisher_id  # size, key, version, then the id
+def _unsettled_frames(b: _Batch, publisher_id: int) -> bytes:
+    """The batch's frames that hold a publishing id neither confirmed nor
+    refused, with another publisher id (after a reconnection): a frame
+    the broker confirmed is not sent again, which would store its
+    messages twice for an unnamed producer."""
+    data = memoryview(b.frames)
+    out = bytearray()
+    pos = entry = 0
+    while pos < len(data):
+        # size, key, version, publisher id, entry count (one id each)
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        entries = int.from_bytes(data[pos + 9:pos + 13], "big")
+        if not b.settled[entry:entry + entries].all():
+            start = len(out)
+            out += data[pos:pos + 4 + size]
+            out[start + 8] = publisher_id
+        entry += entries
         pos += 4 + size
     return bytes(out)
 
