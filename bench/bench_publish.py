@@ -133,6 +133,7 @@ def publish_pystream(args, clock: Window, kind: str, via: bool = False) -> dict:
     options = {"max_in_flight": args.in_flight}
     if kind == "pystream-raw":
         options["amqp"] = False
+    recoveries = recovery_log()
     with pystream.connect(args.uri,
                           address_resolver=through(args.uri) if via else None) as client:
         gc.freeze()
@@ -145,7 +146,26 @@ def publish_pystream(args, clock: Window, kind: str, via: bool = False) -> dict:
         producer.flush(args.timeout)
         out = clock.stop(n, batch=batch, **options)
         producer.close()
+    if recoveries:
+        out["recoveries"] = recoveries
     return out
+
+
+def recovery_log() -> list[str]:
+    """What the producer logs when it recovers (another user of the shared
+    broker closed its connection, say): an unnamed producer sends its
+    unconfirmed frames again, so the stream may hold more than was
+    published, and the run's error says why."""
+    import logging
+    seen: list[str] = []
+
+    class Recoveries(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "recovered from" in record.getMessage():
+                seen.append(record.getMessage())
+
+    logging.getLogger("pystream.producer").addHandler(Recoveries(logging.WARNING))
+    return seen
 
 
 def publish_rbfly(args, clock: Window) -> dict:
@@ -300,6 +320,9 @@ def counted(uri: str, stream: str, target: int, res: dict) -> dict:
     res = {**res, "stream_holds": end}
     if end != target:
         res["error"] = f"the stream holds {end:,} messages, {target:,} published"
+        if res.get("recoveries"):
+            res["error"] += (f" (the producer recovered {len(res['recoveries'])} "
+                             f"time(s): {res['recoveries'][0]})")
     return res
 
 

@@ -18,10 +18,12 @@ cdef class _Strs:
     """A column of byte strings as the C encoder reads it."""
     cdef ps_strs s
     cdef const uint8_t **buffers    # views layout: the data buffers
+    cdef uint8_t *views             # views built here (from a tuple of bytes)
     cdef object array
 
     def __dealloc__(self):
         free(self.buffers)
+        free(self.views)
 
 
 cdef object flat(arr):
@@ -72,6 +74,51 @@ cdef _Strs strs_of(arr, str what, bint text):
         out.s.buffers = out.buffers
     else:
         out.s.data = address(bufs[2])
+    return out
+
+
+cdef _Strs strs_of_bytes(tuple items):
+    """A tuple of ``bytes`` read in place, as Arrow views with one data
+    buffer per item (None if an item is not ``bytes``): no joined copy of
+    the bodies, no Arrow array built first. The tuple keeps the items alive
+    while the encoder reads them without the GIL."""
+    cdef Py_ssize_t n = len(items), i = 0, size
+    cdef int32_t word
+    cdef uint8_t *v
+    cdef const uint8_t *p
+    if n >= 2 ** 31:
+        return None                     # view buffer indexes are int32
+    cdef _Strs out = _Strs.__new__(_Strs)
+    out.views = <uint8_t *>malloc(16 * n + 16)
+    out.buffers = <const uint8_t **>malloc(sizeof(uint8_t *) * n + 8)
+    if out.views == NULL or out.buffers == NULL:
+        raise MemoryError()
+    for item in items:
+        if type(item) is not bytes:
+            return None
+        size = PyBytes_GET_SIZE(item)
+        if size >= 2 ** 31:
+            return None
+        p = <const uint8_t *>PyBytes_AS_STRING(item)
+        v = out.views + 16 * i
+        memset(v, 0, 16)
+        word = <int32_t>size
+        memcpy(v, &word, 4)
+        if size <= 12:
+            memcpy(v + 4, p, size)
+        else:
+            memcpy(v + 4, p, 4)
+            word = <int32_t>i
+            memcpy(v + 8, &word, 4)     # buffer i, offset 0
+        out.buffers[i] = p
+        i += 1
+    out.array = items
+    out.s.layout = PS_STRS_VIEWS
+    out.s.binary = 1
+    out.s.validity = NULL
+    out.s.offset = 0
+    out.s.offsets = out.views
+    out.s.buffers = out.buffers
     return out
 
 
@@ -179,7 +226,7 @@ def encode_publish(publisher_id, first_publishing_id, bodies, *,
     """Encode messages into size-prefixed Publish frames, back to back.
 
     ``bodies``: a pyarrow binary, large_binary, string, large_string,
-    binary_view or string_view array (or a list of bytes); nulls are refused.
+    binary_view or string_view array (or a list or tuple of ``bytes``, read in place); nulls are refused.
     With ``amqp`` each becomes an AMQP 1.0 message: message annotations,
     properties, application properties (each only where its row is not null;
     optional columns as in :func:`schema`, ``properties`` with any subset of
@@ -213,12 +260,17 @@ def encode_publish(publisher_id, first_publishing_id, bodies, *,
                      or message_annotations is not None):
         raise ValueError("properties, application_properties and "
                          "message_annotations need amqp=True")
+    cdef _Strs body = None
     if isinstance(bodies, (list, tuple)):
-        bodies = pa.array(bodies, pa.binary())
+        bodies = tuple(bodies)
+        body = strs_of_bytes(bodies)
+        if body is None:
+            bodies = pa.array(bodies, pa.binary())
+    if body is None:
+        body = strs_of(flat(bodies), "bodies", False)
     cdef ps_publish pub
     memset(&pub, 0, sizeof(pub))
     cdef list keep = []
-    cdef _Strs body = strs_of(flat(bodies), "bodies", False)
     cdef _Strs filters
     cdef Py_ssize_t n = len(body.array)
     pub.publisher_id = publisher_id

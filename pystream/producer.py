@@ -70,14 +70,15 @@ def codec(name: str | None) -> Codec | None:
 class _Batch:
     """Frames sent and waiting for their confirms."""
 
-    __slots__ = ("first_id", "counts", "remaining", "messages", "frames",
-                 "future", "message_futures", "failures")
+    __slots__ = ("first_id", "counts", "remaining", "settled", "messages",
+                 "frames", "future", "message_futures", "failures")
 
     def __init__(self, first_id: int, counts: np.ndarray, frames: pa.Buffer | bytes,
                  message_futures: list[Future[int]] | None) -> None:
         self.first_id = first_id
         self.counts = counts                # messages per publishing id
         self.remaining = len(counts)        # ids not yet confirmed or refused
+        self.settled = np.zeros(len(counts), np.bool_)  # ... and which are
         self.messages = int(counts.sum())
         self.frames = frames
         self.future: Future[int] = Future()  # resolves to the last id
@@ -231,14 +232,21 @@ class Producer:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids this producer sent,
         and ids the broker already has for ``name`` are dropped by it."""
-        batch = as_batch(messages)
-        if batch.num_rows == 0:
+        if isinstance(messages, (list, tuple)) and (
+                filter_values is not None or self.filter_value is None):
+            # Bodies alone: the encoder reads the bytes objects in place.
+            bodies: Any = tuple(messages)
+            batch = None
+        else:
+            batch = as_batch(messages)
+            bodies = batch.column("body")
+            if filter_values is None:
+                filter_values = self._filter_values(batch)
+        if len(bodies) == 0:
             done: Future[int] = Future()
             done.set_result(self.last_publishing_id)
             return done
-        if filter_values is None:
-            filter_values = self._filter_values(batch)
-        return self._publish(batch, filter_values, publishing_id, None)
+        return self._publish(bodies, batch, filter_values, publishing_id, None)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send what ``send`` gathered and wait for every confirm; raises
@@ -306,16 +314,19 @@ class Producer:
                          if any(f is not None for f in filters)
                          else self._filter_values(batch))
         try:
-            self._publish(batch, filter_values, None, list(futures))
+            self._publish(batch.column("body"), batch, filter_values, None,
+                          list(futures))
         except BaseException as exc:
             for f in futures:
                 f.set_exception(exc)
             raise
 
-    def _publish(self, batch: pa.RecordBatch, filter_values: Any,
-                 publishing_id: int | None,
+    def _publish(self, bodies: Any, batch: pa.RecordBatch | None,
+                 filter_values: Any, publishing_id: int | None,
                  message_futures: list[Future[int]] | None) -> Future[int]:
-        n = batch.num_rows
+        """Encode and send ``bodies`` (an Arrow array, or a tuple of bytes),
+        with the other columns of ``batch``."""
+        n = len(bodies)
         with self._cond:
             # Back-pressure: wait for confirms rather than grow memory (not
             # under the send lock: recovery needs it to send them again).
@@ -336,7 +347,7 @@ class Producer:
                     first = publishing_id
                 conn = self._connection
             frames, counts = encode_publish(
-                self._publisher_id, first, batch.column("body"),
+                self._publisher_id, first, bodies,
                 properties=_column(batch, "properties"),
                 application_properties=_column(batch, "application_properties"),
                 message_annotations=_column(batch, "message_annotations"),
@@ -411,6 +422,7 @@ class Producer:
             for i in np.nonzero(hits)[0]:
                 b = pending[i]
                 b.remaining -= int(hits[i])
+                b.settled[ids[known & (which == i)] - b.first_id] = True
                 b.failures += [(pid, c) for pid, c in refused.items()
                                if b.first_id <= pid <= b.last_id]
             while pending and pending[0].remaining <= 0:
@@ -480,12 +492,13 @@ class Producer:
                 with self._send_lock:
                     connection = self._connect()
                     with self._cond:
-                        frames = [b.frames for b in self._pending]
+                        frames = [_unsettled_frames(b, self._publisher_id)
+                                  for b in self._pending]
                         first = (self._pending[0].first_id if self._pending
                                  else None)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
-                        connection.send_bytes(_with_publisher_id(f, self._publisher_id))
+                        connection.send_bytes(f)
                         self._stats.written_bytes += len(f)
                 with self._cond:
                     again, self._lost_again = self._lost_again, None
@@ -585,18 +598,30 @@ class Producer:
                 pass  # the futures carry the error
 
 
-def _column(batch: pa.RecordBatch, name: str) -> pa.Array[Any] | None:
+def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
+    if batch is None:
+        return None
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
 
 
-def _with_publisher_id(frames: pa.Buffer | bytes, publisher_id: int) -> bytes:
-    """The frames with another publisher id (after a reconnection)."""
-    out = bytearray(frames)
-    pos = 0
-    while pos < len(out):
-        size = int.from_bytes(out[pos:pos + 4], "big")
-        out[pos + 8] = publisher_id  # size, key, version, then the id
+def _unsettled_frames(b: _Batch, publisher_id: int) -> bytes:
+    """The batch's frames that hold a publishing id neither confirmed nor
+    refused, with another publisher id (after a reconnection): a frame
+    the broker confirmed is not sent again, which would store its
+    messages twice for an unnamed producer."""
+    data = memoryview(b.frames)
+    out = bytearray()
+    pos = entry = 0
+    while pos < len(data):
+        # size, key, version, publisher id, entry count (one id each)
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        entries = int.from_bytes(data[pos + 9:pos + 13], "big")
+        if not b.settled[entry:entry + entries].all():
+            start = len(out)
+            out += data[pos:pos + 4 + size]
+            out[start + 8] = publisher_id
+        entry += entries
         pos += 4 + size
     return bytes(out)
 

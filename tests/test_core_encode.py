@@ -135,6 +135,27 @@ def test_list_and_chunked_bodies():
     assert bytes(again) == bytes(frames)
 
 
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_bytes_lists_read_in_place_as_arrow_would(codec):
+    """A list or tuple of bytes (read in place, without an Arrow array)
+    encodes as its Arrow binary array does: bodies inline in the views
+    (12 bytes or less) and past them, across frames; items of other types
+    go through pyarrow."""
+    rng = random.Random(5)
+    bodies = [rng.randbytes(rng.choice([0, 1, 12, 13, 100, 5000])) for _ in range(3000)]
+    expected, counts = encode_publish(3, 10, pa.array(bodies, pa.binary()),
+                                      compression=codec, max_frame_size=65536)
+    for seq in (bodies, tuple(bodies)):
+        frames, again = encode_publish(3, 10, seq, compression=codec,
+                                       max_frame_size=65536)
+        assert bytes(frames) == bytes(expected)
+        assert again.tolist() == counts.tolist()
+    mixed, _ = encode_publish(0, 0, [b"ab", bytearray(b"cd"), "ef"])
+    assert round_trip(mixed).column("body").to_pylist() == [b"ab", b"cd", b"ef"]
+    with pytest.raises(ValueError, match="message 1: null body"):
+        encode_publish(0, 0, [b"a", None])
+
+
 def test_publish_v1_layout():
     frames, counts = encode_publish(7, 2 ** 64 - 3, [b"hello", b"", b"x" * 300])
     (frame,) = split_frames(frames)

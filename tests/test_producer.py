@@ -281,6 +281,41 @@ def test_producer_resends_after_the_broker_closes_connections(modern, stream_nam
         modern.delete_stream(stream_name)
 
 
+@pytest.mark.broker
+def test_recovery_sends_again_only_frames_not_confirmed(modern, stream_name, monkeypatch):
+    """An unnamed producer recovering mid-batch sends again the frames
+    the broker has not confirmed, not the whole batch: the confirmed ones
+    would be stored twice (the broker drops repeats only for a name)."""
+    modern.create_stream(stream_name)
+    bodies = [b"%06d" % i + b"x" * 1000 for i in range(3000)]  # 3 frames of 1 MiB
+    try:
+        with modern.producer(stream_name) as p:
+            conn = p._connection
+            real = conn.send_bytes
+
+            def first_frame_only(data) -> None:
+                # As if the connection broke after the first frame.
+                view = memoryview(data)
+                real(view[:4 + int.from_bytes(view[:4], "big")])
+
+            monkeypatch.setattr(conn, "send_bytes", first_frame_only)
+            future = p.send_batch(bodies)
+            (batch,) = p._pending
+            first = int.from_bytes(memoryview(batch.frames)[9:13], "big")
+            assert 0 < first < len(bodies)
+            deadline = time.monotonic() + 30
+            while batch.settled.sum() < first and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert batch.settled[:first].all() and not batch.settled[first:].any()
+            monkeypatch.undo()
+            p.on_metadata_update(0x06)  # recovers as after a lost connection
+            assert future.result(30) == len(bodies)
+        table = read_all(modern, stream_name, len(bodies))
+        assert table.column("body").to_pylist() == bodies
+    finally:
+        modern.delete_stream(stream_name)
+
+
 def _drop_publisher(producer) -> None:
     """Delete the producer's publisher on the broker behind its back, as
     the broker does when the stream's leader moves."""
