@@ -12,6 +12,7 @@
 #define PS_AMQP_H
 
 #include "buf.h"
+#include "wire.h"
 
 enum {
     PS_SEC_HEADER = 0x70,
@@ -56,6 +57,27 @@ typedef struct ps_amqp_msg {
     uint32_t seq_sections;      /* > 1: the body is their lists' encodings */
     uint64_t seq_total;
 } ps_amqp_msg;
+
+/* The common message, nothing but one data section (00 53 75, vbin8 or
+ * vbin32, filling the message exactly): 1 with its payload, else 0 (any
+ * other message, which ps_amqp_scan reads). */
+static inline int ps_amqp_data_only(const uint8_t *p, uint32_t n,
+                                    const uint8_t **body, uint32_t *len)
+{
+    if (n < 5 || p[0] != 0x00 || p[1] != 0x53 || p[2] != PS_SEC_DATA)
+        return 0;
+    if (p[3] == 0xa0 && p[4] == n - 5) {
+        *body = p + 5;
+        *len = n - 5;
+        return 1;
+    }
+    if (p[3] == 0xb0 && n >= 8 && ps_be32(p + 4) == n - 8) {
+        *body = p + 8;
+        *len = n - 8;
+        return 1;
+    }
+    return 0;
+}
 
 /* Iterate the items of a list, map or array value: *it starts at NULL. */
 int ps_amqp_next_item(const ps_value *c, const uint8_t **it, uint32_t *i,

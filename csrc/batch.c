@@ -431,20 +431,6 @@ static int null_columns(ps_batch *b)
 
 /* --- records ------------------------------------------------------------------ */
 
-static inline void put_view(uint8_t *v, const uint8_t *p, uint32_t n,
-                            int32_t region, int32_t off)
-{
-    memset(v, 0, 16);
-    memcpy(v, &n, 4);
-    if (n <= 12) {
-        memcpy(v + 4, p, n);
-    } else {
-        memcpy(v + 4, p, 4);
-        memcpy(v + 8, &region, 4);
-        memcpy(v + 12, &off, 4);
-    }
-}
-
 /* The body of the row: bytes [p, p+n) of region `region`. */
 static int add_body(ps_batch *b, const uint8_t *p, uint32_t n, int region)
 {
@@ -465,7 +451,7 @@ static int add_body(ps_batch *b, const uint8_t *p, uint32_t n, int region)
     if (ps_buf_reserve(&b->views, 16))
         return PS_E_NOMEM;
     const ps_region *r = &b->regions[region];
-    put_view(b->views.p + b->views.len, p, n, region, (int32_t)(p - r->base));
+    ps_put_view(b->views.p + b->views.len, p, n, region, (int32_t)(p - r->base));
     b->views.len += 16;
     return 0;
 }
@@ -518,20 +504,12 @@ static int add_record(ps_batch *b, const uint8_t *p, uint32_t n, int region,
         return add_row(b, offset, timestamp_us);
     }
     /* the common message: nothing but one data section */
-    if (!b->opt.columns && b->opt.error_policy != PS_POLICY_RAW && n >= 5 &&
-        p[0] == 0x00 && p[1] == 0x53 && p[2] == PS_SEC_DATA) {
-        uint32_t len = 0, head = 0;
-        if (p[3] == 0xa0) {
-            len = p[4];
-            head = 5;
-        } else if (p[3] == 0xb0 && n >= 8) {
-            len = (uint32_t)p[4] << 24 | (uint32_t)p[5] << 16 | (uint32_t)p[6] << 8 | p[7];
-            head = 8;
-        }
-        if (head && len == n - head) {
-            TRY(add_body(b, p + head, len, region));
-            return add_row(b, offset, timestamp_us);
-        }
+    const uint8_t *body;
+    uint32_t len;
+    if (!b->opt.columns && b->opt.error_policy != PS_POLICY_RAW &&
+        ps_amqp_data_only(p, n, &body, &len)) {
+        TRY(add_body(b, body, len, region));
+        return add_row(b, offset, timestamp_us);
     }
     rc = ps_amqp_scan(p, n, &m, err);
     if (rc == 0 && b->opt.columns) {

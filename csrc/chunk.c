@@ -74,7 +74,7 @@ typedef struct entry {
     int codec;              /* -1: simple entry */
 } entry;
 
-static int next_entry(const ps_chunk *c, const uint8_t **q, entry *e, ps_error *err)
+static inline int next_entry(const ps_chunk *c, const uint8_t **q, entry *e, ps_error *err)
 {
     const uint8_t *p = *q, *end = c->data + c->data_len;
     size_t left = (size_t)(end - p);
@@ -119,11 +119,13 @@ static int add_sub_batch(const ps_chunk *c, ps_batch *b, const entry *e,
 {
     const uint8_t *end = p + n;
     uint64_t pos = at(c, e->p);
+    int fast = ps_batch_fast(b);
     for (uint32_t i = 0; i < e->records; i++, offset++) {
         if (end - p < 4 || ps_be32(p) > (size_t)(end - p) - 4)
             return ps_fail(err, PS_E_CHUNK, pos, "record exceeds its sub-batch");
         uint32_t len = ps_be32(p);
-        if (offset >= b->opt.start_offset) {
+        if (offset >= b->opt.start_offset && !(fast && region >= 0 &&
+                ps_batch_add_fast(b, p + 4, len, region, offset, ts))) {
             /* records decompressed out of the stream report the entry's position */
             uint64_t rpos = e->codec == PS_CODEC_NONE ? at(c, p + 4) : pos;
             int rc = ps_batch_add(b, p + 4, len, region, offset, ts, rpos, err);
@@ -171,7 +173,7 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
     uint64_t offset = c->first_offset, total = 0;
     int64_t ts = c->timestamp * 1000;
     entry e;
-    int rc;
+    int rc, fast = ps_batch_fast(b);
     if (o->crc && ps_crc32(0, c->data, c->data_len) != c->crc)
         return ps_fail(err, PS_E_CRC, at(c, c->data) - 16, "chunk CRC-32 mismatch");
     if (c->type != 0)
@@ -201,7 +203,9 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
             continue;
         }
         if (e.codec < 0) {
-            rc = ps_batch_add(b, e.body, e.len, input, offset, ts, at(c, e.body), err);
+            rc = fast && ps_batch_add_fast(b, e.body, e.len, input, offset, ts)
+                     ? PS_OK
+                     : ps_batch_add(b, e.body, e.len, input, offset, ts, at(c, e.body), err);
         } else if (e.codec == PS_CODEC_NONE) {
             rc = add_sub_batch(c, b, &e, e.body, e.len, input, offset, ts, err);
         } else {

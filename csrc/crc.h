@@ -1,7 +1,9 @@
 /* CRC-32 (IEEE 802.3, zlib's crc32) for chunk entries and CRC-32C
  * (Castagnoli) for snappy's framing format.  Both come from ISA-L, whose
  * PCLMULQDQ / VPCLMULQDQ folding runs at tens of GB/s and which dispatches
- * to a portable table version on CPUs without them. */
+ * to a portable table version on CPUs without them; CRC-32 of 512 bytes and
+ * more folds 256 bits at a time here on CPUs with VPCLMULQDQ but no AVX-512
+ * (ISA-L's wide variant needs AVX-512). */
 #ifndef PS_CRC_H
 #define PS_CRC_H
 
