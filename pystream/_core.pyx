@@ -35,8 +35,8 @@ the body column (``.buffers()``).
 
 from cpython.buffer cimport (PyBUF_SIMPLE, PyBuffer_FillInfo,
                              PyBuffer_Release, PyObject_GetBuffer)
-from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_FromStringAndSize,
-                            PyBytes_GET_SIZE)
+# functions, not the macros: the abi3 build has the limited API only
+from cpython.bytes cimport PyBytes_AsString, PyBytes_FromStringAndSize, PyBytes_Size
 from cpython.ref cimport PyObject, Py_REFCNT
 from libc.stdint cimport (int32_t, int64_t, uint8_t, uint16_t, uint32_t,
                            uint64_t, uintptr_t)

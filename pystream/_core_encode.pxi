@@ -96,10 +96,10 @@ cdef _Strs strs_of_bytes(tuple items):
     for item in items:
         if type(item) is not bytes:
             return None
-        size = PyBytes_GET_SIZE(item)
+        size = PyBytes_Size(item)
         if size >= 2 ** 31:
             return None
-        p = <const uint8_t *>PyBytes_AS_STRING(item)
+        p = <const uint8_t *>PyBytes_AsString(item)
         v = out.views + 16 * i
         memset(v, 0, 16)
         word = <int32_t>size
