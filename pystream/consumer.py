@@ -270,6 +270,7 @@ class Consumer(Subscriptions):
                 sub.live = False
             self._queue.clear()
             self._notify()
+            self._interrupt_reads()
         self._maintenance.set()
         for sub in subs:
             if sub.tracker is not None:
@@ -313,7 +314,8 @@ class Consumer(Subscriptions):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            self._cond.wait(left)
+            if not self._read_while_waiting(left):
+                self._cond.wait(left)
         item = self._queue[0]
         if item.sub is None:  # the end marker
             self._closed = True
@@ -322,6 +324,27 @@ class Consumer(Subscriptions):
                 raise item.error
             return None
         return item
+
+    def _read_while_waiting(self, timeout: float | None) -> bool:
+        """Wait for the queue by reading the socket in this thread, when the
+        consumer reads one stream on one connection: the next batch is then
+        in hand when its ``recv`` returns, with no wake-up of this thread in
+        between (see ``readturn``). False to wait on the lock as usual.
+        Called under the lock, which other consumers' reader threads need:
+        let go of it meanwhile."""
+        if len(self._subs) != 1:
+            return False
+        sub = next(iter(self._subs.values()))
+        conn = sub.connection
+        if conn is None or not sub.live:
+            return False
+        self._cond.release()
+        try:
+            return conn.read_until(
+                lambda: bool(self._queue) or self._closed
+                or not sub.live or sub.connection is not conn, timeout)
+        finally:
+            self._cond.acquire()
 
     def _filter(self, item: Queued) -> None:
         if not item.filtered:
