@@ -374,3 +374,32 @@ def test_client_close_ends_its_consumers(uri, stream):
     other.close()
     assert consumer.read(1, timeout=5).num_rows == 0
     assert consumer.closed
+
+
+def test_the_waiting_thread_reads_and_the_reader_thread_while_it_works(
+        client, stream, monkeypatch):
+    """A thread waiting for a batch reads the socket itself (no hand-over
+    from the reader thread); while it works on a batch, the reader thread
+    reads the next ones."""
+    from pystream.subscription import Subscriptions
+    readers: list[threading.Thread] = []
+    arrived = Subscriptions._chunks_arrived
+
+    def spy(self, sub, chunks):
+        readers.append(threading.current_thread())
+        arrived(self, sub, chunks)
+
+    monkeypatch.setattr(Subscriptions, "_chunks_arrived", spy)
+    with client.consumer(stream, offset="next") as consumer:
+        later = threading.Timer(0.3, publish, (client, stream, [amqp_message(b"one")]))
+        later.start()
+        batch = next(consumer.batches(timeout=10))
+        later.join()
+        assert batch.column("body").to_pylist() == [b"one"]
+        assert readers == [threading.current_thread()]
+        publish(client, stream, [amqp_message(b"two")])  # not waiting now
+        deadline = time.monotonic() + 10
+        while not consumer._queue and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(readers) == 2 and readers[1] is not threading.current_thread()
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"two"]
