@@ -327,16 +327,17 @@ class Consumer(Subscriptions):
 
     def _read_while_waiting(self, timeout: float | None) -> bool:
         """Wait for the queue by reading the socket in this thread, when the
-        consumer reads one stream on one connection: the next batch is then
-        in hand when its ``recv`` returns, with no wake-up of this thread in
-        between (see ``readturn``). False to wait on the lock as usual.
-        Called under the lock, which other consumers' reader threads need:
-        let go of it meanwhile."""
+        consumer reads one stream on a connection of its own: the next batch
+        is then in hand when its ``recv`` returns, with no wake-up of this
+        thread in between (see ``readturn``). False to wait on the lock as
+        usual: on a shared connection, another consumer's thread would wait
+        for the turn while its chunks come in. Called under the lock, which
+        whoever reads needs: let go of it meanwhile."""
         if len(self._subs) != 1:
             return False
         sub = next(iter(self._subs.values()))
         conn = sub.connection
-        if conn is None or not sub.live:
+        if conn is None or not sub.live or conn.subscription_count != 1:
             return False
         self._cond.release()
         try:

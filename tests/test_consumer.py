@@ -403,3 +403,22 @@ def test_the_waiting_thread_reads_and_the_reader_thread_while_it_works(
             time.sleep(0.01)
         assert len(readers) == 2 and readers[1] is not threading.current_thread()
         assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"two"]
+
+
+def test_consumers_sharing_a_connection_each_get_theirs(client, stream):
+    """Two consumers on one connection, each waited on in its own thread:
+    neither waits on the other's reading."""
+    with client.consumer(stream, offset="next") as a, \
+            client.consumer(stream, offset="next") as b:
+        assert a._subs[stream].connection is b._subs[stream].connection
+        got: dict[str, list] = {"a": [], "b": []}
+        threads = [threading.Thread(target=lambda c=c, k=k: got[k].extend(
+                       c.read(1, timeout=10).column("body").to_pylist()))
+                   for c, k in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        publish(client, stream, [amqp_message(b"both")])
+        for t in threads:
+            t.join(15)
+    assert got == {"a": [b"both"], "b": [b"both"]}
