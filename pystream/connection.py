@@ -464,13 +464,18 @@ class Connection:
         """In an application thread waiting for data: read the socket (and
         dispatch what comes, as the reader thread would) until ``done()``,
         ``timeout`` seconds pass or the connection ends. False if this
-        connection cannot be read here (TLS) or ended: wait as usual."""
+        connection cannot be read here (TLS) or ended: wait as usual.
+
+        Once ``done()``, this thread keeps the turn until ``end_read()``:
+        the reader thread, woken then, would compete with it for a core and
+        the GIL while it hands the data over."""
         turn, sock = self._turn, self._sock
         if turn is None or sock is None:
             return False
         deadline = None if timeout is None else time.monotonic() + timeout
         if not turn.app_take(timeout):
             return not self._closed.is_set()
+        kept = False
         try:
             while not done() and not self._closed.is_set():
                 left = None if deadline is None else deadline - time.monotonic()
@@ -478,11 +483,18 @@ class Connection:
                     break
                 if turn.poll(left):
                     self._read_once(sock, self._reader)
+            kept = done() and not self._closed.is_set()
         except Exception as exc:
             self._read_failed(exc)
         finally:
-            turn.give()
+            if not kept:
+                turn.give()
         return not self._closed.is_set()
+
+    def end_read(self) -> None:
+        """Give back the turn ``read_until`` kept, if this thread has it."""
+        if self._turn is not None:
+            self._turn.release()
 
     def interrupt_read(self) -> None:
         """Stop an application thread's ``read_until`` (its consumer ended

@@ -57,6 +57,13 @@ class ReadTurn:
             self._holder = None
             self._cond.notify_all()
 
+    def release(self) -> None:
+        """Give the turn back if this thread holds it."""
+        with self._cond:
+            if self._holder == threading.get_ident():
+                self._holder = None
+                self._cond.notify_all()
+
     def end(self) -> None:
         """The reader thread leaves (the socket shut down): nobody reads
         again, and the pipe goes."""
@@ -79,6 +86,8 @@ class ReadTurn:
         with self._cond:
             if self._ended:
                 return False
+            if self._holder == threading.get_ident():
+                return True  # kept since its last read
             self.wanted += 1
             try:
                 if self._holder is not None:
