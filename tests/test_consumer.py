@@ -422,3 +422,19 @@ def test_consumers_sharing_a_connection_each_get_theirs(client, stream):
         for t in threads:
             t.join(15)
     assert got == {"a": [b"both"], "b": [b"both"]}
+
+
+def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
+    """The connection breaks while the application thread reads it: the
+    consumer resubscribes on a new one and reads on, nothing lost."""
+    import socket
+    with client.consumer(stream, offset="first") as consumer:
+        conn = consumer._subs[stream].connection
+        publish(client, stream, [amqp_message(b"before")])
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"before"]
+        threading.Timer(0.3, conn._sock.shutdown, (socket.SHUT_RDWR,)).start()
+        assert consumer.read(1, timeout=1.5).num_rows == 0  # reading when it broke
+        assert not conn.is_open
+        publish(client, stream, [amqp_message(b"after")])
+        assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
+        assert consumer._subs[stream].connection is not conn
