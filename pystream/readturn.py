@@ -53,6 +53,7 @@ class ReadTurn:
             self._holder = threading.get_ident()
 
     def give(self) -> None:
+        """Give the turn back (its holder)."""
         with self._cond:
             self._holder = None
             self._cond.notify_all()
@@ -102,6 +103,8 @@ class ReadTurn:
                 self.wanted -= 1
 
     def _gone(self) -> bool:
+        # A call, not the attribute: mypy keeps ``_ended`` narrowed to False
+        # across the wait above.
         return self._ended
 
     # --- either -----------------------------------------------------------------------
