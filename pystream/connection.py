@@ -6,9 +6,10 @@ declares the peer lost after two silent heartbeat intervals, and hands the
 frames the broker sends on its own (Deliver, PublishConfirm, MetadataUpdate,
 ...) to the handlers registered for their key.
 
-A reader thread owns the socket's receive side: it reads into the C frame
-reader's buffer (``recv_into`` releases the GIL) and never blocks on the
-application.
+A reader thread reads the socket into the C frame reader's buffer
+(``recv_into`` releases the GIL) and never blocks on the application; an
+application thread waiting for a consumer's next batch takes its turn and
+reads meanwhile (``read_until``, see ``readturn``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .errors import (
     error_for_code,
 )
 from .features import Features
+from .readturn import ReadTurn
 from .tls import certificate_error
 from .uri import BrokerAddress
 
@@ -134,6 +136,7 @@ class Connection:
 
         self._sock: socket.socket | None = None
         self._reader_thread: threading.Thread | None = None
+        self._turn: ReadTurn | None = None  # who reads the socket (see readturn)
         self._reader = StreamDecoder(frame_max)
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
@@ -199,6 +202,8 @@ class Connection:
                                      f"{self.address.uri()} failed: {exc}") from exc
         sock.settimeout(None)  # the reader thread blocks; close() unblocks it
         self._sock = sock
+        if self.ssl_context is None:
+            self._turn = ReadTurn(sock.fileno())
 
     def _handshake(self) -> None:
         from . import __version__
@@ -403,34 +408,99 @@ class Connection:
             raise self._error or ConnectionClosed("the connection is closed")
 
     def _read_loop(self) -> None:
-        sock, reader = self._sock, self._reader
+        sock, reader, turn = self._sock, self._reader, self._turn
         assert sock is not None
         first = self.ssl_context is None
         try:
             while True:
-                view = reader.writable()
-                n = sock.recv_into(view)
-                if n == 0:
-                    raise ConnectionLost(f"{self.address.uri()} closed the "
-                                         "socket")
-                if first:
-                    self._check_not_tls(view[:n])
+                if turn is None:  # TLS: bytes may wait in the TLS layer, unpolled
+                    self._read_once(sock, reader, first)
                     first = False
-                reader.commit(n)
-                self._last_read = time.monotonic()
-                self._drain(reader)
-        except StreamError as exc:
+                    continue
+                turn.reader_take()
+                try:
+                    while not turn.wanted:
+                        if turn.poll(None):
+                            self._read_once(sock, reader, first)
+                            first = False
+                finally:
+                    turn.give()
+        except BaseException as exc:
+            self._read_failed(exc)
+        finally:
+            self._shutdown_socket()  # done already, unless a BaseException
+            if turn is not None:
+                turn.end()
+            self._close_socket()
+
+    def _read_once(self, sock: socket.socket, reader: StreamDecoder,
+                   first: bool = False) -> None:
+        view = reader.writable()
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionLost(f"{self.address.uri()} closed the socket")
+        if first:
+            self._check_not_tls(view[:n])
+        reader.commit(n)
+        self._last_read = time.monotonic()
+        self._drain(reader)
+
+    def _read_failed(self, exc: BaseException) -> None:
+        """End the connection after a read failed (in whichever thread
+        read); other exceptions go on up."""
+        if isinstance(exc, StreamError):
             self._fail(None if self._closing else exc)
-        except OSError as exc:
+        elif isinstance(exc, OSError):
             self._fail(None if self._closing else ConnectionLost(
                 f"reading from {self.address.uri()} failed: {exc}"))
-        except Exception as exc:  # a handler's bug must not hang requests
+        elif isinstance(exc, Exception):  # a handler's bug must not hang requests
             if not self._closed.is_set():  # not a read racing shutdown()
                 log.exception("pystream reader thread failed")
                 self._fail(ProtocolError(f"frame dispatch failed: {exc!r}"))
+        else:
+            raise exc
+
+    def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """In an application thread waiting for data: read the socket (and
+        dispatch what comes, as the reader thread would) until ``done()``,
+        ``timeout`` seconds pass or the connection ends. False if this
+        connection cannot be read here (TLS) or ended: wait as usual.
+
+        Once ``done()``, this thread keeps the turn until ``end_read()``:
+        the reader thread, woken then, would compete with it for a core and
+        the GIL while it hands the data over."""
+        turn, sock = self._turn, self._sock
+        if turn is None or sock is None:
+            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not turn.app_take(timeout):
+            return not self._closed.is_set()
+        kept = False
+        try:
+            while not done() and not self._closed.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                if turn.poll(left):
+                    self._read_once(sock, self._reader)
+            kept = done() and not self._closed.is_set()
+        except Exception as exc:
+            self._read_failed(exc)
         finally:
-            self._shutdown_socket()  # done already, unless a BaseException
-            self._close_socket()
+            if not kept:
+                turn.give()
+        return not self._closed.is_set()
+
+    def end_read(self) -> None:
+        """Give back the turn ``read_until`` kept, if this thread has it."""
+        if self._turn is not None:
+            self._turn.release()
+
+    def interrupt_read(self) -> None:
+        """Stop an application thread's ``read_until`` (its consumer ended
+        or moved)."""
+        if self._turn is not None:
+            self._turn.interrupt()
 
     def _check_not_tls(self, first: memoryview) -> None:
         """A TLS listener answers plain bytes with a TLS record (type 0x15

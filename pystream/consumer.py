@@ -11,6 +11,7 @@ the stored offset as it goes.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,8 @@ class Consumer(Subscriptions):
             partition_refresh_seconds=partition_refresh_seconds)
         self.max_batch_rows = max_batch_rows
         self.max_batch_bytes = max_batch_bytes
+        # The connection each iterating thread last read itself.
+        self._read_on = threading.local()
         self.schema = schema(columns=columns, body=body,  # type: ignore[arg-type]
                              error_policy=error_policy)  # type: ignore[arg-type]
         try:
@@ -177,11 +180,14 @@ class Consumer(Subscriptions):
         once all its records were taken."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._cond:
-                item = self._head(deadline)
-                if item is None:
-                    return
-                self._filter(item)
+            try:
+                with self._cond:
+                    item = self._head(deadline)
+                    if item is None:
+                        return
+                    self._filter(item)
+            finally:
+                self._end_read()
             sub, batch = item.sub, item.batch
             assert sub is not None and batch is not None
             offsets = batch.column(0).to_numpy()
@@ -270,6 +276,7 @@ class Consumer(Subscriptions):
                 sub.live = False
             self._queue.clear()
             self._notify()
+            self._interrupt_reads()
         self._maintenance.set()
         for sub in subs:
             if sub.tracker is not None:
@@ -285,23 +292,26 @@ class Consumer(Subscriptions):
     def _next_batch(self, timeout: float | None,
                     max_rows: int | None = None) -> pa.RecordBatch | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            sends: list[tuple[Subscription, int]] = []
-            with self._cond:
-                item = self._head(deadline)
-                if item is None:
-                    return None
-                parts = self._take(item, sends, max_rows)
-            for sub, n in sends:
-                self._send_credit(sub, n)
-            if parts:
-                # Joined outside the lock: the reader threads queue meanwhile.
-                batch = (parts[0] if len(parts) == 1 else
-                         pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
-                if self.super_stream is not None:
-                    batch = batch.replace_schema_metadata(
-                        {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
-                return batch
+        try:
+            while True:
+                sends: list[tuple[Subscription, int]] = []
+                with self._cond:
+                    item = self._head(deadline)
+                    if item is None:
+                        return None
+                    parts = self._take(item, sends, max_rows)
+                for sub, n in sends:
+                    self._send_credit(sub, n)
+                if parts:
+                    # Joined outside the lock: the reader threads queue meanwhile.
+                    batch = (parts[0] if len(parts) == 1 else
+                             pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
+                    if self.super_stream is not None:
+                        batch = batch.replace_schema_metadata(
+                            {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
+                    return batch
+        finally:
+            self._end_read()
 
     def _head(self, deadline: float | None) -> Queued | None:
         """The queue's first chunk, waiting for one until ``deadline``; None
@@ -313,7 +323,8 @@ class Consumer(Subscriptions):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            self._cond.wait(left)
+            if not self._read_while_waiting(left):
+                self._cond.wait(left)
         item = self._queue[0]
         if item.sub is None:  # the end marker
             self._closed = True
@@ -322,6 +333,39 @@ class Consumer(Subscriptions):
                 raise item.error
             return None
         return item
+
+    def _read_while_waiting(self, timeout: float | None) -> bool:
+        """Wait for the queue by reading the socket in this thread, when the
+        consumer reads one stream on a connection of its own: the next batch
+        is then in hand when its ``recv`` returns, with no wake-up of this
+        thread in between (see ``readturn``). False to wait on the lock as
+        usual: on a shared connection, another consumer's thread would wait
+        for the turn while its chunks come in. Called under the lock, which
+        whoever reads needs: let go of it meanwhile."""
+        if len(self._subs) != 1:
+            return False
+        sub = next(iter(self._subs.values()))
+        conn = sub.connection
+        if conn is None or not sub.live or conn.subscription_count != 1:
+            return False
+        if getattr(self._read_on, "conn", conn) is not conn:
+            self._end_read()  # the subscription moved since
+        self._cond.release()
+        try:
+            self._read_on.conn = conn  # its turn may stay with this thread
+            return conn.read_until(
+                lambda: bool(self._queue) or self._closed
+                or not sub.live or sub.connection is not conn, timeout)
+        finally:
+            self._cond.acquire()
+
+    def _end_read(self) -> None:
+        """Let the reader threads read again once the data this thread read
+        for itself (``_read_while_waiting``) was handed over."""
+        conn = getattr(self._read_on, "conn", None)
+        if conn is not None:
+            self._read_on.conn = None
+            conn.end_read()
 
     def _filter(self, item: Queued) -> None:
         if not item.filtered:

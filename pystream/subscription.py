@@ -248,6 +248,15 @@ class Subscriptions:
         for waker in self._wakers:
             waker()
 
+    def _interrupt_reads(self) -> None:
+        """Stop an application thread reading for this consumer
+        (``Consumer._read_while_waiting``): the consumer ended, or a
+        subscription left its connection."""
+        for sub in self._subs.values():
+            conn = sub.connection
+            if conn is not None:
+                conn.interrupt_read()
+
     def _send_credit(self, sub: Subscription, n: int) -> None:
         conn = sub.connection
         if conn is None or not sub.live:
@@ -272,6 +281,7 @@ class Subscriptions:
                 self._queue.clear()
             self._queue.append(Queued(None, None, error))
             self._notify()
+            self._interrupt_reads()
         self._maintenance.set()
 
     def _broken(self, sub: Subscription, cause: str) -> None:
@@ -284,6 +294,7 @@ class Subscriptions:
             self._broken_subs.add(sub)
             if self._broken_since is None:
                 self._broken_since = time.monotonic()
+            self._interrupt_reads()
         self._maintenance.set()
 
     # --- subscribing ------------------------------------------------------------

@@ -374,3 +374,67 @@ def test_client_close_ends_its_consumers(uri, stream):
     other.close()
     assert consumer.read(1, timeout=5).num_rows == 0
     assert consumer.closed
+
+
+def test_the_waiting_thread_reads_and_the_reader_thread_while_it_works(
+        client, stream, monkeypatch):
+    """A thread waiting for a batch reads the socket itself (no hand-over
+    from the reader thread); while it works on a batch, the reader thread
+    reads the next ones."""
+    from pystream.subscription import Subscriptions
+    readers: list[threading.Thread] = []
+    arrived = Subscriptions._chunks_arrived
+
+    def spy(self, sub, chunks):
+        readers.append(threading.current_thread())
+        arrived(self, sub, chunks)
+
+    monkeypatch.setattr(Subscriptions, "_chunks_arrived", spy)
+    with client.consumer(stream, offset="next") as consumer:
+        later = threading.Timer(0.3, publish, (client, stream, [amqp_message(b"one")]))
+        later.start()
+        batch = next(consumer.batches(timeout=10))
+        later.join()
+        assert batch.column("body").to_pylist() == [b"one"]
+        assert readers == [threading.current_thread()]
+        publish(client, stream, [amqp_message(b"two")])  # not waiting now
+        deadline = time.monotonic() + 10
+        while not consumer._queue and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(readers) == 2 and readers[1] is not threading.current_thread()
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"two"]
+
+
+def test_consumers_sharing_a_connection_each_get_theirs(client, stream):
+    """Two consumers on one connection, each waited on in its own thread:
+    neither waits on the other's reading."""
+    with client.consumer(stream, offset="next") as a, \
+            client.consumer(stream, offset="next") as b:
+        assert a._subs[stream].connection is b._subs[stream].connection
+        got: dict[str, list] = {"a": [], "b": []}
+        threads = [threading.Thread(target=lambda c=c, k=k: got[k].extend(
+                       c.read(1, timeout=10).column("body").to_pylist()))
+                   for c, k in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        publish(client, stream, [amqp_message(b"both")])
+        for t in threads:
+            t.join(15)
+    assert got == {"a": [b"both"], "b": [b"both"]}
+
+
+def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
+    """The connection breaks while the application thread reads it: the
+    consumer resubscribes on a new one and reads on, nothing lost."""
+    import socket
+    with client.consumer(stream, offset="first") as consumer:
+        conn = consumer._subs[stream].connection
+        publish(client, stream, [amqp_message(b"before")])
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"before"]
+        threading.Timer(0.3, conn._sock.shutdown, (socket.SHUT_RDWR,)).start()
+        assert consumer.read(1, timeout=1.5).num_rows == 0  # reading when it broke
+        assert not conn.is_open
+        publish(client, stream, [amqp_message(b"after")])
+        assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
+        assert consumer._subs[stream].connection is not conn

@@ -1,0 +1,139 @@
+"""Whose turn it is to read a connection's socket.
+
+A consumer's application thread that waits for the next batch reads the
+socket itself while it waits (``Connection.read_until``): the batch is then
+in its hands as the ``recv`` that brought it returns, instead of one thread
+wake-up later (the reader thread's queue and notify, and the scheduler
+putting the application back on a core: on a loaded machine, most of what
+pystream added to the end-to-end latency). The connection's reader thread
+reads whenever no application thread does (while the application works on a
+batch), so heartbeats, answers and chunks keep flowing.
+
+One thread at a time holds the turn. The reader thread polls the socket and
+a wake-up pipe, so that an application thread wanting the turn can take it
+from a reader idle in ``poll``; the holder gives it back once done. The
+reader thread only leaves its loop while holding the turn, so no
+application thread reads a descriptor it closed (the connection's close
+rules).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+
+_POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
+
+
+class ReadTurn:
+    """The turn to read one socket (``fd``), between the connection's
+    reader thread and application threads waiting for data."""
+
+    def __init__(self, fd: int) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poll = select.poll()
+        self._poll.register(fd, _POLL_IN)
+        self._poll.register(self._wake_r, select.POLLIN)
+        self._fd = fd
+        self.wanted = 0          # application threads waiting for the turn
+        self._holder: int | None = None  # thread ident holding it
+        self._ended = False      # the reader thread left: nobody reads again
+
+    # --- the reader thread -------------------------------------------------------
+
+    def reader_take(self) -> None:
+        """Wait until no application thread wants the turn, and take it."""
+        with self._cond:
+            while self.wanted or self._holder is not None:
+                self._cond.wait()
+            self._holder = threading.get_ident()
+
+    def give(self) -> None:
+        """Give the turn back (its holder)."""
+        with self._cond:
+            self._holder = None
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        """Give the turn back if this thread holds it."""
+        with self._cond:
+            if self._holder == threading.get_ident():
+                self._holder = None
+                self._cond.notify_all()
+
+    def end(self) -> None:
+        """The reader thread leaves (the socket shut down): nobody reads
+        again, and the pipe goes."""
+        with self._cond:
+            self._ended = True
+            self._holder = None
+            self._cond.notify_all()
+            # An application thread may have taken the turn on the way out:
+            # the socket is shut down, so it gives it back at once.
+            self._cond.wait_for(lambda: self._holder is None)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    # --- application threads ----------------------------------------------------------
+
+    def app_take(self, timeout: float | None) -> bool:
+        """Take the turn from the reader thread (waking it from ``poll``);
+        False if it did not come within ``timeout`` or nobody reads any
+        more."""
+        with self._cond:
+            if self._ended:
+                return False
+            if self._holder == threading.get_ident():
+                return True  # kept since its last read
+            self.wanted += 1
+            try:
+                if self._holder is not None:
+                    self._wake()
+                self._cond.wait_for(
+                    lambda: self._holder is None or self._ended, timeout)
+                free = self._holder is None and not self._gone()
+                if free:
+                    self._holder = threading.get_ident()
+                return free
+            finally:
+                self.wanted -= 1
+
+    def _gone(self) -> bool:
+        # A call, not the attribute: mypy keeps ``_ended`` narrowed to False
+        # across the wait above.
+        return self._ended
+
+    # --- either -----------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Wake the holder from ``poll`` (from another thread): the
+        application it reads for stopped waiting."""
+        with self._cond:
+            holder = self._holder
+            if holder is not None and holder != threading.get_ident():
+                self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def poll(self, timeout: float | None) -> bool:
+        """Wait (the holder) until the socket is readable (True), or the
+        pipe or ``timeout`` woke it (False)."""
+        ms = None if timeout is None else max(0, int(timeout * 1000) + 1)
+        readable = False
+        for fd, _ in self._poll.poll(ms):
+            if fd == self._fd:
+                readable = True
+            else:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+        return readable
