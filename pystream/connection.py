@@ -1,6 +1,6 @@
 """One TCP (or TLS) connection to a broker.
 
-It runs the handshake (peer properties, SASL, Tune, Open), matches responses
+It runs the handshake (``handshake``: peer properties, SASL, Tune, Open), matches responses
 to requests by correlation id, sends heartbeats when the line is idle and
 declares the peer lost after two silent heartbeat intervals, and hands the
 frames the broker sends on its own (Deliver, PublishConfirm, MetadataUpdate,
@@ -15,7 +15,6 @@ reads meanwhile (``read_until``, see ``readturn``).
 from __future__ import annotations
 
 import logging
-import platform
 import socket
 import ssl
 import threading
@@ -33,11 +32,11 @@ from .errors import (
     ConnectionLost,
     ProtocolError,
     RequestTimeout,
-    SaslMechanismNotSupported,
     StreamError,
     error_for_code,
 )
 from .features import Features
+from .handshake import handshake
 from .readturn import ReadTurn
 from .tls import certificate_error
 from .uri import BrokerAddress
@@ -81,26 +80,9 @@ class PublisherSink(Protocol):
 
     def on_connection_closed(self, error: StreamError | None) -> None: ...
 
-# Command versions this client speaks, announced to 3.11+ brokers.
-CLIENT_COMMAND_VERSIONS = (
-    P.CommandVersion(P.Publish.KEY, 1, 2),
-    P.CommandVersion(P.Deliver.KEY, 1, 2),
-)
-
 # A read that brought many chunks hands them over in parts of this many
 # wire bytes, so the consumer starts on the first while the rest decode.
 DELIVER_BYTES = 1 << 20
-
-# RabbitMQ 4.3 closes the socket, unanswered, on a frame over 8192 bytes
-# before the connection is open (its stream.initial_frame_max default).
-PRE_OPEN_FRAME_MAX = 8192
-
-
-def negotiate(client: int, server: int) -> int:
-    """Tune negotiation: 0 means no limit on either side; else the minimum."""
-    if client == 0 or server == 0:
-        return max(client, server)
-    return min(client, server)
 
 
 class Connection:
@@ -206,77 +188,20 @@ class Connection:
             self._turn = ReadTurn(sock.fileno())
 
     def _handshake(self) -> None:
-        from . import __version__
-        timeout = self.connect_timeout
-        props = {"product": "pystream", "version": __version__,
-                 "platform": f"Python {platform.python_version()}",
-                 "information": "pystream: RabbitMQ streams to Arrow"}
-        if self.connection_name:
-            props["connection_name"] = self.connection_name
-        peer = self.query(P.PeerPropertiesResponse, lambda c: P.PeerProperties(c, props),
-                          "peer properties", timeout=timeout)
-        self.server_properties = dict(peer.properties)
-        self.features = Features(self.server_properties.get("version", "0"))
+        done = handshake(self, self.address, self._tune,
+                         sasl_mechanism=self.sasl_mechanism,
+                         connection_name=self.connection_name,
+                         frame_max=self.requested_frame_max,
+                         heartbeat=self.requested_heartbeat,
+                         timeout=self.connect_timeout, on_tuned=self._tuned)
+        self.server_properties = done.server_properties
+        self.features = done.features
+        self.frame_max, self.heartbeat = done.frame_max, done.heartbeat
+        self.connection_properties = done.connection_properties
+        self.command_versions = done.command_versions
 
-        mechanisms = self.query(P.SaslHandshakeResponse, P.SaslHandshake, "SASL handshake",
-                                timeout=timeout).mechanisms
-        if self.sasl_mechanism not in mechanisms:
-            raise SaslMechanismNotSupported(
-                f"SASL mechanism {self.sasl_mechanism} is not offered by the "
-                f"broker (it offers {', '.join(mechanisms)})", code=0x07)
-        if self.sasl_mechanism == "PLAIN":
-            data = (b"\0" + self.address.username.encode() + b"\0"
-                    + self.address.password.encode())
-            context = f"authenticate user {self.address.username!r} with PLAIN"
-        elif self.sasl_mechanism == "EXTERNAL":
-            data = b""
-            # The URI's user plays no part: the broker takes the name from
-            # the TLS client certificate.
-            context = ("authenticate with EXTERNAL as the TLS client "
-                       "certificate's name (was one loaded in ssl_context?)")
-        else:
-            data = b""
-            context = f"authenticate with {self.sasl_mechanism}"
-        try:
-            self.request(
-                lambda c: P.SaslAuthenticate(c, self.sasl_mechanism, data),
-                context, timeout=timeout)
-        except ConnectionLost as exc:
-            # Key, version, correlation id and the two length prefixes.
-            size = 14 + len(self.sasl_mechanism) + len(data)
-            if size <= PRE_OPEN_FRAME_MAX:
-                raise
-            raise ConnectionLost(
-                f"{context}: the broker closed the connection; the "
-                f"SaslAuthenticate frame ({size} bytes: a long password or "
-                f"token?) is over the {PRE_OPEN_FRAME_MAX} bytes RabbitMQ "
-                f"4.3+ accepts before a connection is open "
-                f"(stream.initial_frame_max)") from exc
-
-        try:
-            tune = self._tune.result(timeout)
-        except FutureTimeout:
-            raise RequestTimeout("the broker sent no Tune after "
-                                 "authentication") from None
-        self.frame_max = negotiate(self.requested_frame_max, tune.frame_max)
-        self.heartbeat = negotiate(self.requested_heartbeat, tune.heartbeat)
-        self._reader.max_frame_size = self.frame_max
-        self.send(P.TuneResponse(self.frame_max, self.heartbeat))
-
-        opened = self.query(
-            P.OpenResponse, lambda c: P.Open(c, self.address.virtual_host),
-            f"open virtual host {self.address.virtual_host!r}", timeout=timeout)
-        self.connection_properties = dict(opened.properties)
-
-        if self.features.supports("exchange_command_versions"):
-            answer = self.query(
-                P.ExchangeCommandVersionsResponse,
-                lambda c: P.ExchangeCommandVersions(c, CLIENT_COMMAND_VERSIONS),
-                "exchange command versions", timeout=timeout)
-            self.command_versions = {
-                v.key: (v.min_version, v.max_version) for v in answer.commands}
-            self.features = Features(self.features.server_version,
-                                     self.command_versions)
+    def _tuned(self, frame_max: int) -> None:
+        self._reader.max_frame_size = frame_max
 
     def close(self, code: int = P.RESPONSE_OK, reason: str = "") -> None:
         """Close politely (Close, wait for its answer) then drop the socket."""
