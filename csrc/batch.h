@@ -114,18 +114,19 @@ int ps_batch_add(ps_batch *b, const uint8_t *p, uint32_t n, int region,
 static inline void ps_put_view(uint8_t *v, const uint8_t *p, uint32_t n,
                                int32_t region, int32_t off)
 {
-    memset(v, 0, 16);
     memcpy(v, &n, 4);
     if (n <= 12) {
+        memset(v + 4, 0, 12);
         memcpy(v + 4, p, n);
     } else {
+        /* every byte written once: no zeroing first */
         memcpy(v + 4, p, 4);
         memcpy(v + 8, &region, 4);
         memcpy(v + 12, &off, 4);
     }
 }
 
-/* Whether ps_batch_add_fast may take this batch's records: binary_view
+/* Whether ps_cursor_add may take this batch's records: binary_view
  * bodies and no column but offset, timestamp and body. */
 static inline int ps_batch_fast(const ps_batch *b)
 {
@@ -133,28 +134,58 @@ static inline int ps_batch_fast(const ps_batch *b)
            b->opt.error_policy != PS_POLICY_RAW;
 }
 
+/* Where the fast path appends: the next row's view, offset and timestamp
+ * and the rows that still fit.  A chunk's loop keeps it in locals, so the
+ * compiler holds it in registers instead of storing and reloading the
+ * buffers' lengths per record; ps_cursor_store writes it back, and must
+ * come before anything else touches the batch (ps_cursor_load after). */
+typedef struct ps_cursor {
+    uint8_t *view, *offset, *timestamp;
+    size_t rows;            /* appended since ps_cursor_load */
+    size_t room;            /* rows that fit; 0 if not ps_batch_fast */
+} ps_cursor;
+
+static inline void ps_cursor_load(ps_cursor *w, const ps_batch *b)
+{
+    size_t v = (b->views.cap - b->views.len) / 16;
+    size_t o = (b->offset.cap - b->offset.len) / 8;
+    size_t t = (b->timestamp.cap - b->timestamp.len) / 8;
+    w->rows = 0;
+    w->room = !ps_batch_fast(b) ? 0 : v < o ? (v < t ? v : t) : (o < t ? o : t);
+    /* buffers not yet allocated (room 0) have no address to add to */
+    w->view = w->room ? b->views.p + b->views.len : NULL;
+    w->offset = w->room ? b->offset.p + b->offset.len : NULL;
+    w->timestamp = w->room ? b->timestamp.p + b->timestamp.len : NULL;
+}
+
+static inline void ps_cursor_store(ps_cursor *w, ps_batch *b)
+{
+    b->views.len += 16 * w->rows;
+    b->offset.len += 8 * w->rows;
+    b->timestamp.len += 8 * w->rows;
+    b->rows += w->rows;
+    ps_cursor_load(w, b);
+}
+
 /* ps_batch_add for the common record of a ps_batch_fast batch, without
- * calls or growth: 1 if appended; 0 (nothing appended, call ps_batch_add)
- * when the rows reserved are used up or, with amqp, the message is not
- * one data section. */
-static inline int ps_batch_add_fast(ps_batch *b, const uint8_t *p, uint32_t n,
-                                    int region, uint64_t offset, int64_t timestamp_us)
+ * calls or growth: the record [p, p+n) lies in the region whose data
+ * starts at `base`.  1 if appended; 0 (nothing appended: store the
+ * cursor, call ps_batch_add) when the room is used up or, with amqp, the
+ * message is not one data section. */
+static inline int ps_cursor_add(ps_cursor *w, int amqp, const uint8_t *p, uint32_t n,
+                                int region, const uint8_t *base, uint64_t offset,
+                                int64_t timestamp_us)
 {
     const uint8_t *body = p;
     uint32_t len = n;
-    if (b->views.cap - b->views.len < 16 || b->offset.cap - b->offset.len < 8 ||
-        b->timestamp.cap - b->timestamp.len < 8)
+    if (w->rows == w->room)
         return 0;
-    if (b->opt.amqp && !ps_amqp_data_only(p, n, &body, &len))
+    if (amqp && !ps_amqp_data_only(p, n, &body, &len))
         return 0;
-    ps_put_view(b->views.p + b->views.len, body, len, region,
-                (int32_t)(body - b->regions[region].base));
-    memcpy(b->offset.p + b->offset.len, &offset, 8);
-    memcpy(b->timestamp.p + b->timestamp.len, &timestamp_us, 8);
-    b->views.len += 16;
-    b->offset.len += 8;
-    b->timestamp.len += 8;
-    b->rows++;
+    ps_put_view(w->view + 16 * w->rows, body, len, region, (int32_t)(body - base));
+    memcpy(w->offset + 8 * w->rows, &offset, 8);
+    memcpy(w->timestamp + 8 * w->rows, &timestamp_us, 8);
+    w->rows++;
     return 1;
 }
 

@@ -112,31 +112,40 @@ static inline int next_entry(const ps_chunk *c, const uint8_t **q, entry *e, ps_
     return PS_OK;
 }
 
-/* Append the records of decompressed (or codec 0) sub-batch bytes. */
-static int add_sub_batch(const ps_chunk *c, ps_batch *b, const entry *e,
+/* Append the records of decompressed (or codec 0) sub-batch bytes; *wp
+ * is the caller's cursor, copied to a local for the loop. */
+static int add_sub_batch(const ps_chunk *c, ps_batch *b, ps_cursor *wp, const entry *e,
                          const uint8_t *p, size_t n, int region,
                          uint64_t offset, int64_t ts, ps_error *err)
 {
     const uint8_t *end = p + n;
+    const uint8_t *base = region >= 0 ? b->regions[region].base : NULL;
     uint64_t pos = at(c, e->p);
-    int fast = ps_batch_fast(b);
+    int amqp = b->opt.amqp, rc = PS_OK;
+    uint64_t start = b->opt.start_offset;
+    ps_cursor w = *wp;
     for (uint32_t i = 0; i < e->records; i++, offset++) {
-        if (end - p < 4 || ps_be32(p) > (size_t)(end - p) - 4)
-            return ps_fail(err, PS_E_CHUNK, pos, "record exceeds its sub-batch");
+        if (end - p < 4 || ps_be32(p) > (size_t)(end - p) - 4) {
+            rc = ps_fail(err, PS_E_CHUNK, pos, "record exceeds its sub-batch");
+            break;
+        }
         uint32_t len = ps_be32(p);
-        if (offset >= b->opt.start_offset && !(fast && region >= 0 &&
-                ps_batch_add_fast(b, p + 4, len, region, offset, ts))) {
+        if (offset >= start && !(region >= 0 &&
+                ps_cursor_add(&w, amqp, p + 4, len, region, base, offset, ts))) {
             /* records decompressed out of the stream report the entry's position */
             uint64_t rpos = e->codec == PS_CODEC_NONE ? at(c, p + 4) : pos;
-            int rc = ps_batch_add(b, p + 4, len, region, offset, ts, rpos, err);
+            ps_cursor_store(&w, b);
+            rc = ps_batch_add(b, p + 4, len, region, offset, ts, rpos, err);
+            ps_cursor_load(&w, b);
             if (rc)
-                return rc;
+                break;
         }
         p += 4 + len;
     }
-    if (p != end)
-        return ps_fail(err, PS_E_CHUNK, pos, "bytes after the last record of a sub-batch");
-    return PS_OK;
+    *wp = w;
+    if (rc == PS_OK && p != end)
+        rc = ps_fail(err, PS_E_CHUNK, pos, "bytes after the last record of a sub-batch");
+    return rc;
 }
 
 /* A decompressed sub-batch: in view mode its own owned region (columns
@@ -166,25 +175,18 @@ static int decompress(const ps_chunk *c, ps_batch *b, const entry *e,
     return rc;
 }
 
-int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
+/* The entries of a type-0 chunk, rows reserved; the fast path appends
+ * through the cursor *w, everything else through the batch. */
+static inline int decode_entries(const ps_chunk *c, ps_batch *b, ps_cursor *w,
+                                 int input, ps_error *err)
 {
     const ps_options *o = &b->opt;
     const uint8_t *q = c->data, *end = c->data + c->data_len;
+    const uint8_t *base = b->regions[input].base;
     uint64_t offset = c->first_offset, total = 0;
     int64_t ts = c->timestamp * 1000;
     entry e;
-    int rc, fast = ps_batch_fast(b);
-    if (o->crc && ps_crc32(0, c->data, c->data_len) != c->crc)
-        return ps_fail(err, PS_E_CRC, at(c, c->data) - 16, "chunk CRC-32 mismatch");
-    if (c->type != 0)
-        return PS_OK;       /* tracking data: uses offsets, holds no records */
-
-    /* one pass: the chunk is in cache after the CRC; the header's record
-     * count is only a size hint until it is checked at the end */
-    int input = ps_batch_input_region(b, c->data, c->data_len);
-    size_t hint = c->num_records < c->data_len / 4 ? c->num_records : c->data_len / 4;
-    if (input < 0 || ps_batch_reserve(b, hint, c->data_len))
-        return ps_fail(err, PS_E_NOMEM, c->pos, "out of memory");
+    int rc, amqp = o->amqp;
     for (uint32_t i = 0; i < c->num_entries; i++) {
         if ((rc = next_entry(c, &q, &e, err)))
             return rc;
@@ -203,18 +205,27 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
             continue;
         }
         if (e.codec < 0) {
-            rc = fast && ps_batch_add_fast(b, e.body, e.len, input, offset, ts)
-                     ? PS_OK
-                     : ps_batch_add(b, e.body, e.len, input, offset, ts, at(c, e.body), err);
+            rc = PS_OK;
+            if (!ps_cursor_add(w, amqp, e.body, e.len, input, base, offset, ts)) {
+                ps_cursor_store(w, b);
+                rc = ps_batch_add(b, e.body, e.len, input, offset, ts, at(c, e.body), err);
+                ps_cursor_load(w, b);
+            }
         } else if (e.codec == PS_CODEC_NONE) {
-            rc = add_sub_batch(c, b, &e, e.body, e.len, input, offset, ts, err);
+            /* through a copy: a cursor whose address escapes lives in memory */
+            ps_cursor t = *w;
+            rc = add_sub_batch(c, b, &t, &e, e.body, e.len, input, offset, ts, err);
+            *w = t;
         } else {
             const uint8_t *plain;
             int region;
+            ps_cursor_store(w, b);
             rc = decompress(c, b, &e, &plain, &region, err);
+            ps_cursor t = *w;
             if (rc == PS_OK)
-                rc = add_sub_batch(c, b, &e, plain, e.uncompressed, region,
+                rc = add_sub_batch(c, b, &t, &e, plain, e.uncompressed, region,
                                    offset, ts, err);
+            *w = t;
         }
         if (rc)
             return rc;
@@ -226,6 +237,27 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
         return ps_fail(err, PS_E_CHUNK, at(c, c->data) - 44,
                        "chunk record count differs from its entries");
     return PS_OK;
+}
+
+int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
+{
+    ps_cursor w;
+    int rc;
+    if (b->opt.crc && ps_crc32(0, c->data, c->data_len) != c->crc)
+        return ps_fail(err, PS_E_CRC, at(c, c->data) - 16, "chunk CRC-32 mismatch");
+    if (c->type != 0)
+        return PS_OK;       /* tracking data: uses offsets, holds no records */
+
+    /* one pass: the chunk is in cache after the CRC; the header's record
+     * count is only a size hint until it is checked at the end */
+    int input = ps_batch_input_region(b, c->data, c->data_len);
+    size_t hint = c->num_records < c->data_len / 4 ? c->num_records : c->data_len / 4;
+    if (input < 0 || ps_batch_reserve(b, hint, c->data_len))
+        return ps_fail(err, PS_E_NOMEM, c->pos, "out of memory");
+    ps_cursor_load(&w, b);
+    rc = decode_entries(c, b, &w, input, err);
+    ps_cursor_store(&w, b);
+    return rc;
 }
 
 int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b, ps_error *err)

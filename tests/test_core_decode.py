@@ -118,6 +118,40 @@ def test_sub_batches_offsets_and_timestamp():
         assert b.column("body").to_pylist() == bodies[4:]
 
 
+def test_fast_and_full_paths_interleave_in_order():
+    """Data-only messages (the fast path, which keeps the output positions
+    in locals) between messages the full path takes, in simple entries and
+    sub-batches of several chunks: every row in place."""
+    bodies, records = [], []
+    for i in range(40):
+        body = bytes([i]) * (i * 11 % 300)       # inline, vbin8 and vbin32
+        bodies.append(body)
+        if i % 3 == 2:                           # two data sections: full path
+            records.append(amqp_data(body[:1]) + amqp_data(body[1:]))
+        else:
+            records.append(amqp_data(body))
+    chunks, offset = [], 0
+    for part in (records[:10], records[10:25], records[25:]):
+        entries = [simple_entry(r) for r in part[:3]]
+        entries += [sub_batch(part[3:6], codec=0), sub_batch(part[6:8], codec=1)]
+        entries += [simple_entry(r) for r in part[8:]]
+        chunks.append(deliver(chunk(entries, first_offset=offset)))
+        offset += len(part)
+    wire = b"".join(chunks)
+    for body in ("view", "binary"):
+        for start in (0, 4, 17):
+            b = decode(wire, body=body, start_offset=start)
+            assert b.column("body").to_pylist() == bodies[start:]
+            assert b.column("offset").to_pylist() == list(range(start, 40))
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    got = []
+    for frame in chunks:
+        d.feed(frame)
+        got += d.next_event().batch.column("body").to_pylist()
+    assert got == bodies
+
+
 def test_multiple_data_sections_concatenate_and_amqp_value_body():
     two = amqp_data(b"hello ") + amqp_data(b"world, and more than twelve")
     value = b"\x00\x53\x77\xa1\x05hello"
