@@ -70,15 +70,14 @@ def codec(name: str | None) -> Codec | None:
 class _Batch:
     """Frames sent and waiting for their confirms."""
 
-    __slots__ = ("first_id", "counts", "remaining", "settled", "messages",
+    __slots__ = ("first_id", "counts", "settled", "messages",
                  "frames", "future", "message_futures", "failures")
 
     def __init__(self, first_id: int, counts: np.ndarray, frames: pa.Buffer | bytes,
                  message_futures: list[Future[int]] | None) -> None:
         self.first_id = first_id
         self.counts = counts                # messages per publishing id
-        self.remaining = len(counts)        # ids not yet confirmed or refused
-        self.settled = np.zeros(len(counts), np.bool_)  # ... and which are
+        self.settled = np.zeros(len(counts), np.bool_)  # ids confirmed or refused
         self.messages = int(counts.sum())
         self.frames = frames
         self.future: Future[int] = Future()  # resolves to the last id
@@ -421,11 +420,10 @@ class Producer:
             refused = dict(failures)
             for i in np.nonzero(hits)[0]:
                 b = pending[i]
-                b.remaining -= int(hits[i])
                 b.settled[ids[known & (which == i)] - b.first_id] = True
                 b.failures += [(pid, c) for pid, c in refused.items()
                                if b.first_id <= pid <= b.last_id]
-            while pending and pending[0].remaining <= 0:
+            while pending and pending[0].settled.all():
                 b = pending.popleft()
                 self._in_flight -= b.messages
                 self._count_settled(b)
