@@ -281,7 +281,7 @@ class Connection:
     def send(self, cmd: P.Command) -> None:
         self.send_bytes(P.encode(cmd))
 
-    def send_bytes(self, data: bytes | pa.Buffer) -> None:
+    def send_bytes(self, data: bytes | bytearray | pa.Buffer) -> None:
         self._check_open()
         try:
             with self._write_lock:  # the reader closes the socket under it

@@ -603,25 +603,18 @@ def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
     return None if i < 0 else batch.column(i)
 
 
-def _unsettled_frames(b: _Batch, publisher_id: int) -> bytes:
+def _unsettled_frames(b: _Batch, publisher_id: int) -> bytearray:
     """The batch's frames that hold a publishing id neither confirmed nor
     refused, with another publisher id (after a reconnection): a frame
     the broker confirmed is not sent again, which would store its
     messages twice for an unnamed producer."""
-    data = memoryview(b.frames)
-    out = bytearray()
-    pos = entry = 0
-    while pos < len(data):
-        # size, key, version, publisher id, entry count (one id each)
-        size = int.from_bytes(data[pos:pos + 4], "big")
-        entries = int.from_bytes(data[pos + 9:pos + 13], "big")
-        if not b.settled[entry:entry + entries].all():
-            start = len(out)
-            out += data[pos:pos + 4 + size]
-            out[start + 8] = publisher_id
-        entry += entries
-        pos += 4 + size
-    return bytes(out)
+    keep = []
+    entry = 0
+    for frame, count in P.publish_frames(memoryview(b.frames)):
+        if not b.settled[entry:entry + count].all():
+            keep.append(frame)
+        entry += count
+    return P.join_publish_frames(keep, publisher_id)
 
 
 def _check_symbols(properties: dict[str, Any] | None,

@@ -11,6 +11,7 @@ encoder and decoder serve all of them (``encode`` / ``decode``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -175,6 +176,37 @@ class Publish(Command):
     FIELDS = (("publisher_id", U8), ("messages", Array(Record(Message))))
     FIELDS_BY_VERSION = {2: (("publisher_id", U8),
                              ("messages", Array(Record(FilteredMessage))))}
+
+
+# A size-prefixed Publish frame: size u32, key u16, version u16, then these.
+PUBLISH_PUBLISHER_ID_AT = 8
+PUBLISH_COUNT_AT = 9
+
+
+def publish_frames(data: memoryview) -> Iterator[tuple[memoryview, int]]:
+    """Each size-prefixed Publish frame of a run written back to back (as
+    the producer's encoder writes them), with its message count."""
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < PUBLISH_COUNT_AT + 4:
+            raise TruncatedFrame("Publish frame header", position=pos)
+        size, = struct.unpack_from(">I", data, pos)
+        count, = struct.unpack_from(">I", data, pos + PUBLISH_COUNT_AT)
+        if pos + 4 + size > len(data):
+            raise TruncatedFrame(f"Publish frame of {size} bytes", position=pos)
+        yield data[pos:pos + 4 + size], count
+        pos += 4 + size
+
+
+def join_publish_frames(frames: Iterable[memoryview], publisher_id: int) -> bytearray:
+    """The frames back to back in one buffer, each now from ``publisher_id``
+    (a producer that reconnected may have been given another one)."""
+    out = bytearray()
+    for frame in frames:
+        start = len(out)
+        out += frame
+        out[start + PUBLISH_PUBLISHER_ID_AT] = publisher_id
+    return out
 
 
 # 0x0003
