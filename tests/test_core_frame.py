@@ -75,6 +75,18 @@ def test_writable_grows_for_a_large_pending_frame():
     assert r.next_frame() == big
 
 
+def test_writable_ends_where_the_pending_frame_ends():
+    # A read must not run into the next frame: if that frame then needs a
+    # new block, what was read of it gets copied.
+    big = frame(b"\x00\x08\x00\x02" + os.urandom(300000))
+    r = FrameReader(max_frame_size=0)
+    r.feed(big[:10])
+    assert len(r.writable(1024)) == len(big) - 10
+    r.feed(big[10:])
+    assert len(r.writable(1024)) == 1024  # the frame is whole: min_size
+    assert r.next_frame() == big[4:]
+
+
 def test_buffered_and_incomplete():
     r = FrameReader()
     r.feed(b"\x00\x00\x00\x05\x00\x08")
