@@ -492,9 +492,9 @@ class Connection:
         if handler is not None:
             handler(frame)
             return
-        if key == P.PublishConfirm.KEY and len(frame) > 4:
+        if key == P.PublishConfirm.KEY and len(frame) > P.CONFIRM_PUBLISHER_ID_AT:
             # Confirms are parsed by the producer (vectorised), not here.
-            publisher = self._publishers.get(frame[4])
+            publisher = self._publishers.get(frame[P.CONFIRM_PUBLISHER_ID_AT])
             if publisher is not None:
                 publisher.on_confirm(frame)
                 return

@@ -374,10 +374,9 @@ class Producer:
     def on_confirm(self, frame: memoryview) -> None:
         """The connection's reader thread hands a PublishConfirm frame here:
         its publishing ids settle their futures."""
-        count = int.from_bytes(frame[5:9], "big")
-        ids = np.frombuffer(frame, dtype=">u8", count=count, offset=9)
+        ids = P.confirmed_ids(frame)
         self._gone_since = None
-        self._settle(ids.astype(np.int64), [])
+        self._settle(ids, [])
 
     def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         """The connection's reader thread hands PublishError entries here:

@@ -221,3 +221,17 @@ def test_values_out_of_range_are_refused_on_encode():
         P.encode(P.Credit(256, 1))
     with pytest.raises(ValueError):
         P.encode(P.Delete(1, "x" * 40000))
+
+
+def test_confirmed_ids_reads_the_array_the_broker_sends():
+    """The producer's fast path: PublishConfirm's ids as one array, read from
+    the layout of the protocol reference (key, version, publisher id, u32
+    count, u64 ids), and refused when the count runs past the frame."""
+    ids = (1, 2 ** 63 - 1, 5)
+    frame = struct.pack(">HHBI3Q", 0x0003, 1, 7, 3, *ids)
+    assert frame[P.CONFIRM_PUBLISHER_ID_AT] == 7
+    assert P.confirmed_ids(memoryview(frame)).tolist() == list(ids)
+    assert P.decode(frame) == P.PublishConfirm(7, ids)
+    for short in (frame[:8], frame[:-1]):
+        with pytest.raises(TruncatedFrame):
+            P.confirmed_ids(memoryview(short))
