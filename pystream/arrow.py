@@ -164,7 +164,7 @@ def _hand_over(batches: Iterator[pa.RecordBatch], handoff: BatchHandoff) -> None
 
 class BatchSource(Protocol):
     """What ``consumer_stream`` reads: a ``Consumer`` (named by shape, so
-    that this module imports nothing of pystream's)."""
+    that this module imports no more of pystream than its C core)."""
 
     schema: pa.Schema
 
