@@ -123,3 +123,16 @@ def murmur3_32(keys: Strings | Sequence[str | bytes | None],
                seed: int = 104729) -> np.ndarray:
     """MurmurHash3 x86_32 of each key (uint32; a null hashes as empty), as the
     stream clients route super stream messages."""
+
+class BatchHandoff:
+    """Batches of ``schema`` that one thread hands over (``put``, then
+    ``finish``) to the Arrow C stream ``capsule()`` exports; the stream's
+    reader waits for them without the GIL."""
+    schema: pa.Schema
+    def __init__(self, schema: pa.Schema) -> None: ...
+    def capsule(self) -> Any:
+        """A new ``arrow_array_stream`` capsule reading this handoff."""
+    def put(self, batch: pa.RecordBatch) -> bool:
+        """Queue ``batch``, waiting for room; False once the stream was released."""
+    def finish(self, error: BaseException | None = None) -> None:
+        """No more batches; ``error`` ends the stream after the queued ones."""

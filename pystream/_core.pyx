@@ -98,3 +98,4 @@ def crc32(data, value=0):
 include "_core_frames.pxi"
 include "_core_decode.pxi"
 include "_core_encode.pxi"
+include "_core_stream.pxi"

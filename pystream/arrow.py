@@ -8,12 +8,15 @@ DuckDB do)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ._core import BatchHandoff
 
 #: What a producer publishes: bodies, or a batch or table with a body column.
 #: (A string: pyarrow's classes take no type arguments at run time.)
@@ -122,17 +125,46 @@ class ArrowStream:
         return batches
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
-        reader = pa.RecordBatchReader.from_batches(self.schema, iter(self))
-        # pyarrow-stubs leave the PyCapsule methods unannotated
-        return reader.__arrow_c_stream__(requested_schema)  # type: ignore[no-untyped-call]
+        """The batches as an Arrow C stream, cast to ``requested_schema``
+        (a schema capsule) if given. A thread of its own reads them into
+        the stream as the engine works on the ones before, which pulls
+        without the GIL; an error ends the stream with its type and
+        message, and the reading stops when the engine releases it."""
+        batches, schema = iter(self), self.schema
+        if requested_schema is not None:
+            wanted = pa.Schema._import_from_c_capsule(requested_schema)
+            if wanted != schema:
+                batches, schema = (b.cast(wanted) for b in batches), wanted
+        handoff = BatchHandoff(schema)
+        capsule = handoff.capsule()
+        threading.Thread(target=_hand_over, args=(batches, handoff), daemon=True,
+                         name="pystream-arrow-stream").start()
+        return capsule
 
     def read_all(self) -> pa.Table:
         return pa.Table.from_batches(list(self), schema=self.schema)
 
 
+def _hand_over(batches: Iterator[pa.RecordBatch], handoff: BatchHandoff) -> None:
+    try:
+        for batch in batches:
+            if not handoff.put(batch):
+                break  # the engine stopped reading (a LIMIT)
+    except BaseException as exc:
+        handoff.finish(exc)
+    else:
+        handoff.finish()
+    finally:
+        # Ends a read_range's subscription now, not when the thread's
+        # frame is collected.
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
 class BatchSource(Protocol):
     """What ``consumer_stream`` reads: a ``Consumer`` (named by shape, so
-    that this module imports nothing of pystream's)."""
+    that this module imports no more of pystream than its C core)."""
 
     schema: pa.Schema
 
