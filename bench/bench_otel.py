@@ -1,16 +1,18 @@
 """What pystream's OpenTelemetry metrics cost: consume and publish
 throughput with and without them.
 
-    .venv/bin/python bench/bench_otel.py                        # 12 runs a mode
-    .venv/bin/python bench/bench_otel.py --repeat 6 --consume-messages 5000000
-    .venv/bin/python bench/bench_otel.py --rows consume --only absent,sdk --json ''
-    .venv/bin/python bench/bench_otel.py --only absent,sdk --interval 60 --repeat 6 \
+    .venv/bin/python bench/bench_otel.py               # absent and sdk, 16 pairs
+    .venv/bin/python bench/bench_otel.py --only absent,api,sdk --repeat 10
+    .venv/bin/python bench/bench_otel.py --rows consume --repeat 2 --seconds 2 \
+        --consume-messages 2000000 --json ''          # a smoke run
+    .venv/bin/python bench/bench_otel.py --interval 60 --repeat 6 \
         --json bench/results/otel-60s.json      # as deployments collect
 
 What it measures
 ----------------
-Three modes (the "clients" of ``--only``), each run in a fresh process
-against the modern broker (``--uri``):
+Three modes (the "clients" of ``--only``; absent and sdk by default, which
+the target concerns), each run in a fresh process against the modern
+broker (``--uri``):
 
 * ``absent``: opentelemetry cannot be imported (as without the
   ``pystream[otel]`` extra): pystream never makes its instruments.
@@ -21,40 +23,46 @@ against the modern broker (``--uri``):
   discards what it gets: the cost of collecting, not of shipping.
 
 First, on its own and in thread CPU time, what each metric costs on the
-hot paths (``hook_costs``, once per mode): the per-chunk hook (three
-integer counters and, with the SDK, holding the ``chunk_size`` value for
-the next collection to record), one histogram value, the publisher's per-batch
-counters, and one collection of every instrument; the hook and the value
-both back to back and after evicting the CPU's caches as a chunk's decode
-does.
+hot paths (``hook_costs``, once for each of the three modes): the per-chunk
+hook (three integer counters and, with the SDK, holding the ``chunk_size``
+value for the next collection to record), one histogram value, the
+publisher's per-batch counters, and one collection of every instrument;
+the hook and the value both back to back and after evicting the CPU's
+caches as a chunk's decode does.
 
-Then, in every sdk run, the thread CPU of each call of the per-chunk hook
-and of each collection and export, where they run, and of recording the
-``chunk_size`` values still held when the run ends (which a collection
-after the run would record: they are the run's): their share of the run's
-CPU (``sdk_cpu_share``), which the machine's load moves far less than it
+Then, in every sdk run, the thread CPU of each collection and export,
+where they run, and of recording the ``chunk_size`` values still held
+when the run's window ends (within the window: they are the run's, which
+a later collection would record): their share of the run's CPU
+(``sdk_cpu_share``), which the machine's load moves far less than it
 moves the throughput.
 
-Two rows (``--rows``):
+Two rows (``--rows``), each run a window of ``--seconds`` (3 s: with the
+1 s reader, two or three collections fall in it, the steady state a
+long-lived consumer sees):
 
 * ``consume``: ``client.consumer(stream, offset="first")`` with its defaults
-  reads ``--consume-messages`` 100-byte AMQP messages of ``bench-otel-100b``,
-  filled once by the C publisher (as bench_consume.py fills ``bench-100b``)
-  and deleted at the end;
-* ``publish``: ``producer.send_batch`` of ``--publish-messages`` 100-byte
-  messages in batches of 10 000 into a fresh stream
-  (``bench-otel-publish``, deleted after each run), every confirm awaited.
+  reads ``bench-otel-100b`` (``--consume-messages`` 100-byte AMQP
+  messages, filled once by the C publisher as bench_consume.py fills
+  ``bench-100b``, deleted at the end) to its end, again and again, and
+  counts the messages read in the window;
+* ``publish``: ``producer.send_batch`` of 100-byte messages in batches of
+  10 000 into a fresh stream (``bench-otel-publish``, deleted after each
+  run) until the window ends, then every confirm awaited.
 
-The clock starts after connecting and stops when the last message is read
-or confirmed; each run records the process's CPU time and the broker's
-over that window and the load average before and after (bench/harness.py).
-The modes take turns within each repetition so that the machine's noise
-falls on all of them, and each repetition starts one case further on
-(``harness.interleave(rotate=True)``) so that no mode always runs first;
-figures are medians of ``--repeat`` runs, and the overhead is each sdk run
-against the absent run of its repetition (msg/s and CPU per message; the
-median and quartiles of those pairs). Results: bench/results/otel.json,
-rendered into docs/monitoring.md by bench/report.py.
+The clock starts after connecting; each run records the process's CPU
+time and the broker's over the window and the load average before and
+after (bench/harness.py). The modes take turns within each repetition and
+each repetition starts one case further on (``harness.interleave(
+rotate=True)``), so that the machine's noise falls on all of them and no
+mode always runs first. The overhead is each sdk run against the absent
+run of its repetition (msg/s and CPU per message): the median of those
+pairs, their quartiles, and a bootstrap 95 % confidence interval of that
+median (``harness.median_ci``), which says whether the runs resolve the
+2 % where one mode's spread cannot. A default run takes about 7 minutes
+(16 repetitions, the 10 M-message fill included). Results:
+bench/results/otel.json, rendered into docs/monitoring.md by
+bench/report.py.
 
 Target: the SDK costs at most 2 % of consume and publish throughput.
 """
@@ -81,6 +89,7 @@ CONSUME_STREAM = "bench-otel-100b"
 PUBLISH_STREAM = "bench-otel-publish"
 BODY = 100
 PUBLISH_BATCH = 10_000
+SECONDS, REPEAT = 3.0, 16    # about 7 minutes by default (absent and sdk)
 HOOK_ENTRIES, HOOK_BYTES = 7700, 800_000    # the chunk the hook is timed with
 
 
@@ -114,6 +123,7 @@ def setup_mode(mode: str, interval: float) -> None:
             def collect(self, timeout_millis: float = 10_000) -> None:
                 with collecting():
                     super().collect(timeout_millis=timeout_millis)
+                COLLECTIONS[0] += 1
 
         reader = TimedReader(Discard(), export_interval_millis=interval * 1000)
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
@@ -127,6 +137,7 @@ def setup_mode(mode: str, interval: float) -> None:
 # than the throughput. Per chunk the hook adds only holding a value, timed
 # alone (hook_costs): timing each call in the runs would cost more.
 SDK_CPU = [0.0, 0.0]
+COLLECTIONS = [0]   # the periodic reader's, in the run's process
 _in_collection = threading.local()
 
 
@@ -151,6 +162,7 @@ class SdkWindow(Window):
 
     def start(self) -> None:
         self.sdk0 = list(SDK_CPU)
+        self.collections0 = COLLECTIONS[0]
         super().start()
 
     def stop(self, messages: int, **extra: object) -> dict:
@@ -160,6 +172,7 @@ class SdkWindow(Window):
         out = super().stop(messages, **extra)
         out["sdk_reader_cpu"] = SDK_CPU[0] - self.sdk0[0]
         out["sdk_collect_cpu"] = SDK_CPU[1] - self.sdk0[1]
+        out["collections"] = COLLECTIONS[0] - self.collections0
         return out
 
 
@@ -265,34 +278,43 @@ def hook_costs(mode: str, uri: str) -> dict:
     return out
 
 
-def consume(client, stream: str, target: int, clock: Window) -> dict:
-    n = chunks = 0
+def consume(client, stream: str, end: int, seconds: float, clock: Window) -> dict:
+    """Read ``stream`` from its first offset to ``end``, again and again,
+    for ``seconds``: a window holding several collections, every message
+    read in it counted."""
+    n = chunks = passes = 0
     clock.start()
-    with client.consumer(stream, offset="first") as consumer:
-        for batch in consumer:
-            n += batch.num_rows
-            chunks += 1
-            PROGRESS[0] = n
-            if consumer.position >= target:
-                break
-        out = clock.stop(target, records_received=n, batches=chunks)
-    if n < target:
-        raise SystemExit(f"read {n} of {target}")
-    return out
+    deadline = time.perf_counter() + seconds
+    while True:
+        with client.consumer(stream, offset="first") as consumer:
+            for batch in consumer:
+                n += batch.num_rows
+                chunks += 1
+                PROGRESS[0] = n
+                if time.perf_counter() >= deadline:
+                    return clock.stop(n, records_received=n, batches=chunks,
+                                      passes=passes + 1)
+                if consumer.position >= end:
+                    break
+        passes += 1
+        if consumer.position < end:
+            raise SystemExit(f"read to {consumer.position} of {end}")
 
 
-def publish(client, stream: str, target: int, clock: Window) -> dict:
+def publish(client, stream: str, seconds: float, clock: Window) -> dict:
+    """Send batches for ``seconds``, then wait for every confirm."""
     import pyarrow as pa
     batch = pa.array([make_body(BODY)] * PUBLISH_BATCH, pa.binary())
+    sent = 0
     clock.start()
+    deadline = time.perf_counter() + seconds
     with client.producer(stream) as producer:
-        for start in range(0, target, PUBLISH_BATCH):
+        while time.perf_counter() < deadline:
             producer.send_batch(batch)
-            PROGRESS[0] = start + PUBLISH_BATCH
+            sent += PUBLISH_BATCH
+            PROGRESS[0] = sent
         producer.flush(300)
-        out = clock.stop(-(-target // PUBLISH_BATCH) * PUBLISH_BATCH,
-                         batch=PUBLISH_BATCH)
-    return out
+        return clock.stop(sent, batch=PUBLISH_BATCH)
 
 
 def child_main(args) -> None:
@@ -312,8 +334,10 @@ def child_main(args) -> None:
         time_sdk_records(pystream.metrics)
     clock = SdkWindow() if mode == "sdk" else Window()
     with pystream.connect(args.uri) as client:
-        run = consume if args.kind == "consume" else publish
-        out = run(client, args.stream, args.target, clock)
+        if args.kind == "consume":
+            out = consume(client, args.stream, args.target, args.seconds, clock)
+        else:
+            out = publish(client, args.stream, args.seconds, clock)
         out["instrumented"] = inst is not None
         out["setup_ms"] = setup_ms
     harness.child_done(out)
@@ -325,19 +349,21 @@ def child_main(args) -> None:
 def child_cmd(args, mode: str, kind: str, stream: str = "", target: int = 0) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
             "--child", mode, "--kind", kind, "--stream", stream,
-            "--target", str(target), "--interval", str(args.interval),
+            "--target", str(target), "--seconds", str(args.seconds),
+            "--interval", str(args.interval),
             "--stall", str(args.stall)]
 
 
-def one_run(args, kind: str, mode: str, target: int) -> dict:
+def one_run(args, kind: str, mode: str) -> dict:
     if kind == "consume":
-        return harness.run_child(child_cmd(args, mode, kind, CONSUME_STREAM, target),
+        return harness.run_child(child_cmd(args, mode, kind, CONSUME_STREAM,
+                                           args.consume_messages),
                                  args.timeout, args.uri)
     harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
     harness.admin(args.uri, lambda a: a.create_stream(
         PUBLISH_STREAM, max_length_bytes=2_000_000_000))
     try:
-        return harness.run_child(child_cmd(args, mode, kind, PUBLISH_STREAM, target),
+        return harness.run_child(child_cmd(args, mode, kind, PUBLISH_STREAM),
                                  args.timeout, args.uri)
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM,
@@ -359,7 +385,8 @@ def quartiles(xs: list[float]) -> list[float] | None:
 def vs_absent(row: dict, mode: str) -> dict:
     """sdk (or api) against absent, as fractions: the medians' msg/s and CPU
     per message, and the repetitions' paired changes (each run against the
-    absent run of its repetition) with their quartiles."""
+    absent run of its repetition) with their quartiles and the bootstrap
+    95 % confidence interval of their median."""
     a = row["clients"].get("absent", {}).get("summary")
     m = row["clients"].get(mode, {}).get("summary")
     if not (a and m):
@@ -374,9 +401,11 @@ def vs_absent(row: dict, mode: str) -> dict:
     return {"msg_per_s": m["msg_per_s_median"] / a["msg_per_s_median"] - 1,
             "msg_per_s_paired": statistics.median(rate) if rate else None,
             "msg_per_s_paired_quartiles": quartiles(rate),
+            "msg_per_s_paired_ci95": harness.median_ci(rate),
             "cpu_s_per_m": m["cpu_s_per_m_median"] / a["cpu_s_per_m_median"] - 1,
             "cpu_s_per_m_paired": statistics.median(cpu) if cpu else None,
-            "cpu_s_per_m_paired_quartiles": quartiles(cpu)}
+            "cpu_s_per_m_paired_quartiles": quartiles(cpu),
+            "cpu_s_per_m_paired_ci95": harness.median_ci(cpu)}
 
 
 def sdk_share(runs: list[dict]) -> dict:
@@ -384,17 +413,20 @@ def sdk_share(runs: list[dict]) -> dict:
     quartiles of the share of the values the reader recorded itself, of
     the collections (with the values they record), of both."""
     good = [r for r in runs if "error" not in r and r.get("cpu") and "sdk_reader_cpu" in r]
+    total = [(r["sdk_reader_cpu"] + r["sdk_collect_cpu"]) / r["cpu"] for r in good]
     return {"reader": quartiles([r["sdk_reader_cpu"] / r["cpu"] for r in good]),
             "collect": quartiles([r["sdk_collect_cpu"] / r["cpu"] for r in good]),
-            "total": quartiles([(r["sdk_reader_cpu"] + r["sdk_collect_cpu"]) / r["cpu"]
-                                for r in good])}
+            "total": quartiles(total), "total_ci95": harness.median_ci(total)}
 
 
 def main() -> None:
-    ap = harness.parser(__doc__, clients=MODES, result="otel", repeat=12)
+    ap = harness.parser(__doc__, clients=MODES, default=("absent", "sdk"),
+                        result="otel", repeat=REPEAT)
     ap.add_argument("--rows", default=",".join(ROWS), help="consume, publish")
-    ap.add_argument("--consume-messages", type=int, default=10_000_000)
-    ap.add_argument("--publish-messages", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=SECONDS,
+                    help="each run's window (s): messages read or confirmed in it")
+    ap.add_argument("--consume-messages", type=int, default=10_000_000,
+                    help="the stream the consume runs read, again and again")
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the periodic reader's interval in sdk mode (s)")
     ap.add_argument("--kind", help=harness.argparse.SUPPRESS)
@@ -408,12 +440,11 @@ def main() -> None:
     from pystream import metrics
     modes = harness.chosen(ap, args)
     kinds = harness.chosen_rows(ap, args.rows, ROWS)
-    targets = {"consume": args.consume_messages, "publish": args.publish_messages}
     info = harness.machine(args.uri)
     harness.banner(info, "otel")
 
     hooks = {}
-    for mode in modes:
+    for mode in MODES:   # a few seconds each: always all three
         hooks[mode] = harness.run_child(child_cmd(args, mode, "hooks"),
                                         args.timeout, args.uri)
         print(f"hooks {mode:<7} {hooks[mode]}", flush=True)
@@ -424,8 +455,7 @@ def main() -> None:
             from bench_consume import prefill
             prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
         runs = harness.interleave(
-            args.repeat, cases, lambda case: one_run(args, case[0], case[1],
-                                                     targets[case[0]]),
+            args.repeat, cases, lambda case: one_run(args, case[0], case[1]),
             label=lambda case: f"{case[0]} {case[1]}", rotate=True)
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(CONSUME_STREAM,
@@ -437,11 +467,12 @@ def main() -> None:
         clients = {mode: {"label": mode, "summary": harness.summarize(m_runs, BODY),
                           "runs": m_runs}
                    for mode, m_runs in grouped[k].items()}
-        row = {"messages": targets[k], "body_size": BODY, "clients": clients}
+        row = {"seconds": args.seconds, "body_size": BODY, "clients": clients}
         if k == "consume":
             per_chunk = [r["records_received"] / r["batches"]
                          for c in clients.values() for r in c["runs"]
                          if "error" not in r and r.get("batches")]
+            row["stream_messages"] = args.consume_messages
             row["records_per_chunk_median"] = (statistics.median(per_chunk)
                                                if per_chunk else None)
         row["vs_absent"] = {m: vs_absent(row, m) for m in modes if m != "absent"}

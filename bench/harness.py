@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -366,6 +367,22 @@ def summarize(runs: list[dict], body_size: int) -> dict | None:
         out["broker_cpu_s_per_m_median"] = statistics.median(
             r["broker_cpu"] / r["messages"] * 1e6 for r in good)
     return out
+
+
+def median_ci(xs: list[float], level: float = 0.95, resamples: int = 10_000
+              ) -> list[float] | None:
+    """A bootstrap confidence interval of the median of ``xs`` (percentile
+    method, a fixed seed so that the same runs give the same interval):
+    [low, high], or None with fewer than 3 values. For paired changes
+    (each run against its partner in the same repetition), it says what
+    the runs can resolve where the spread of one client's runs cannot."""
+    if len(xs) < 3:
+        return None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(xs, k=len(xs)))
+                     for _ in range(resamples))
+    tail = (1 - level) / 2
+    return [medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]]
 
 
 # --- what the results record --------------------------------------------------------

@@ -30,6 +30,30 @@ def micro(x: float) -> str:
     return f"{x:.2f}" if x < 1 else f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
 
+def interval(ci: list[float] | None) -> str:
+    """A 95 % confidence interval, "" when the results have none (stored
+    before bench_otel.py computed them)."""
+    return f", 95 % interval {signed_pct(ci[0])} to {signed_pct(ci[1])}" if ci else ""
+
+
+def ci_verdict(rows: dict) -> str | None:
+    """The target judged by the 95 % intervals of the paired msg/s changes
+    of the SDK (None without them): met when every row's interval lies
+    above -2 %, not met when one lies wholly below, else not shown."""
+    cis = {k: row["vs_absent"].get("sdk", {}).get("msg_per_s_paired_ci95")
+           for k, row in rows.items()}
+    if not cis or not all(cis.values()):
+        return None
+    below = [k for k, ci in cis.items() if ci[1] < -OTEL_TARGET]
+    if below:
+        return "**not met**: " + " and ".join(below) + " with the SDK slower by more than 2 %"
+    if all(ci[0] >= -OTEL_TARGET for ci in cis.values()):
+        return "met"
+    wide = [k for k, ci in cis.items() if ci[0] < -OTEL_TARGET]
+    return ("**not shown**: the 95 % interval of the paired change reaches below -2 % for "
+            + " and ".join(wide))
+
+
 def about(x: float) -> str:
     """7 444 -> "7 400": a count the runs vary, to two figures."""
     return f"{round(x, -2) if x >= 1000 else round(x):,.0f}".replace(",", " ")
@@ -44,12 +68,22 @@ def otel_block() -> str:
     consume, publish = rows.get("consume"), rows.get("publish")
     rpc = consume and consume.get("records_per_chunk_median")
     what = []
-    if consume:
+    window = next((row["seconds"] for row in rows.values() if "seconds" in row), None)
+    if consume and window:
+        what.append(f"Consume (reading a stream of {count(consume['stream_messages'])} × "
+                    f"{consume['body_size']} B again and again"
+                    + (f", about {about(rpc)} records a chunk" if rpc else "") + ")")
+    elif consume:
         what.append(f"Consume ({count(consume['messages'])} × {consume['body_size']} B"
                     + (f", about {about(rpc)} records a chunk" if rpc else "") + ")")
-    if publish:
+    if publish and window:
+        what.append(f"publish (batches of 10 000 × {publish['body_size']} B, every "
+                    "confirm awaited)")
+    elif publish:
         what.append(f"publish ({count(publish['messages'])} × {publish['body_size']} B, "
                     "every confirm awaited)")
+    modes = [m for m in ("absent", "api", "sdk")
+             if any(m in row["clients"] for row in rows.values())]
     runs = [r for row in rows.values() for c in row["clients"].values() for r in c["runs"]]
     loads = [x[0] for r in runs + list(hooks.values()) for x in r.get("load", []) if x]
     spreads = [(k, [s["msg_per_s_all"] for c in row["clients"].values()
@@ -61,12 +95,19 @@ def otel_block() -> str:
         f"from {rate(min(min(a) for a in xs))} to {rate(max(max(a) for a in xs))} "
         f"msg/s {'consuming' if k == 'consume' else 'publishing'}"
         for k, xs in spreads if xs)
-    modes = [m for m in ("absent", "api", "sdk")
-             if any(m in row["clients"] for row in rows.values())]
     rotated = res.get("order") == "rotated"
-    out = [" and ".join(what) + f" ran {n} time{'s' if n > 1 else ''} in each mode, "
-           "taking turns: OpenTelemetry absent, the API without an SDK, and the SDK "
-           f"with a periodic reader collecting every {res['sdk_export_interval_s']:g} s"
+    names = {"absent": "OpenTelemetry absent", "api": "the API without an SDK",
+             "sdk": "the SDK with a periodic reader collecting every "
+                    f"{res['sdk_export_interval_s']:g} s"}
+    collections = [r["collections"] for r in runs if "collections" in r]
+    out = [" and ".join(what)
+           + (f" ran in windows of {window:g} s (counting the messages read or "
+              "confirmed in each)," if window else " ran")
+           + f" {n} time{'s' if n > 1 else ''} in each mode, taking turns: "
+           + (", ".join(names[m] for m in modes[:-1]) + " and " if len(modes) > 1 else "")
+           + names[modes[-1]]
+           + (f" ({statistics.median(collections):g} collections in the median SDK "
+              "window)" if collections else "")
            + (" (each repetition starting one run further on, so that no mode always "
               "runs first)" if rotated else "")
            + f". The machine has {res['machine']['cores']} cores shared with the broker "
@@ -74,8 +115,10 @@ def otel_block() -> str:
            + (f"{min(loads):.1f} to {max(loads):.1f}" if loads else "unknown")
            + f" during the runs), and it shows: the same mode's runs spread {ranges}"
            + (f", up to {max(wide) * 100:.0f} % of a median" if wide else "")
-           + (", so these medians cannot resolve a 2 % difference:" if not resolves
-              else ", within 2 % of the medians:"), "",
+           + ((", so these medians cannot resolve a 2 % difference (the paired "
+               "changes below can):" if ci_verdict(rows) else
+               ", so these medians cannot resolve a 2 % difference:")
+              if not resolves else ", within 2 % of the medians:"), "",
            f"| median of {n} | " + " | ".join(
                {"absent": "absent", "api": "API only",
                 "sdk": f"SDK, {res['sdk_export_interval_s']:g} s reader"}[m]
@@ -110,12 +153,14 @@ def otel_block() -> str:
             x = f"{'API only' if m == 'api' else 'SDK'} {signed_pct(v['msg_per_s_paired'])}"
             q = v.get("msg_per_s_paired_quartiles")
             if q:
-                x += f" (middle half {signed_pct(q[1])} to {signed_pct(q[3])})"
+                x += (f" (middle half {signed_pct(q[1])} to {signed_pct(q[3])}"
+                      + interval(v.get("msg_per_s_paired_ci95")) + ")")
             if v.get("cpu_s_per_m_paired") is not None:
                 x += f", CPU per message {signed_pct(v['cpu_s_per_m_paired'])}"
                 q = v.get("cpu_s_per_m_paired_quartiles")
                 if q:
-                    x += f" ({signed_pct(q[1])} to {signed_pct(q[3])})"
+                    x += (f" ({signed_pct(q[1])} to {signed_pct(q[3])}"
+                          + interval(v.get("cpu_s_per_m_paired_ci95")) + ")")
             xs.append(x)
         if xs:
             paired_rows.append(f"{k}: " + "; ".join(xs))
@@ -123,7 +168,10 @@ def otel_block() -> str:
         out += ["Each run against the absent run of the same repetition"
                 + ("" if rotated else " (the modes always run in the order absent, API, SDK)")
                 + ", the median change in msg/s and in the client's CPU per message, "
-                "with the quartiles of those changes: " + "; ".join(paired_rows) + ".", ""]
+                "with the quartiles of those changes"
+                + (" and a bootstrap 95 % confidence interval of their median"
+                   if ci_verdict(rows) else "")
+                + ": " + "; ".join(paired_rows) + ".", ""]
     if publish and publish["vs_absent"].get("sdk"):
         v = publish["vs_absent"]["sdk"]
         out += ["The publish path makes no OpenTelemetry call (its counters are plain "
@@ -183,8 +231,11 @@ def otel_block() -> str:
         parts = []
         for k, q in in_run.items():
             t = q["total"]
+            ci = q.get("total_ci95")
             part = (f"{k} {share_pct(t[2])} (middle half {share_pct(t[1])} to "
-                    f"{share_pct(t[3])}, runs {share_pct(t[0])} to {share_pct(t[4])})")
+                    f"{share_pct(t[3])}, runs {share_pct(t[0])} to {share_pct(t[4])}"
+                    + (f", 95 % interval {share_pct(ci[0])} to {share_pct(ci[1])}"
+                       if ci else "") + ")")
             if k == "consume" and q.get("reader"):
                 part += f", of which the reader's own records {share_pct(q['reader'][2])}"
             parts.append(part)
@@ -207,7 +258,7 @@ def otel_block() -> str:
                 f"turns, `bench/results/otel-60s.json`, commit "
                 f"`{slow['machine']['commit'][:10]}`, load average "
                 f"{slow['machine']['loadavg_start'][0]:.1f}), no collection falls in a "
-                "run, and recording the values held when it ends took "
+                "run, and recording the values held when its window ends took "
                 f"{share_pct(c[2])} of consume CPU (runs {share_pct(c[0])} to "
                 f"{share_pct(c[4])})"
                 + (f", and publishing {share_pct(p[2])}" if p else "") + ".", ""]
@@ -221,7 +272,15 @@ def otel_block() -> str:
                 f"{ms(statistics.median(setups['sdk']))} ms.", ""]
     sdk_changes = [row["vs_absent"].get("sdk", {}).get("msg_per_s") for row in rows.values()]
     within = all(x is not None and x >= -OTEL_TARGET for x in sdk_changes)
-    if resolves and within and share is not None and share <= OTEL_TARGET:
+    by_ci = ci_verdict(rows)
+    if by_ci is not None:
+        verdict_text = by_ci + (" (the paired changes' 95 % intervals above)")
+        if in_run:
+            verdict_text += ("; what the SDK adds took " + " and ".join(
+                f"{share_pct(q['total'][2])} of the {k} runs' CPU ("
+                + ("within" if q["total"][2] <= OTEL_TARGET else "over") + " 2 %)"
+                for k, q in in_run.items()) + " (medians)")
+    elif resolves and within and share is not None and share <= OTEL_TARGET:
         verdict_text = "met"
     elif not resolves:
         verdict_text = ("**not shown** on this shared, noisy machine: the runs of one "
