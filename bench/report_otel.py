@@ -106,8 +106,8 @@ def otel_block() -> str:
            + f" {n} time{'s' if n > 1 else ''} in each mode, taking turns: "
            + (", ".join(names[m] for m in modes[:-1]) + " and " if len(modes) > 1 else "")
            + names[modes[-1]]
-           + (f" ({statistics.median(collections):g} collections in the median SDK "
-              "window)" if collections else "")
+           + (f", {statistics.median(collections):g} collections in the median SDK "
+              "window" if collections else "")
            + (" (each repetition starting one run further on, so that no mode always "
               "runs first)" if rotated else "")
            + f". The machine has {res['machine']['cores']} cores shared with the broker "
@@ -116,7 +116,7 @@ def otel_block() -> str:
            + f" during the runs), and it shows: the same mode's runs spread {ranges}"
            + (f", up to {max(wide) * 100:.0f} % of a median" if wide else "")
            + ((", so these medians cannot resolve a 2 % difference (the paired "
-               "changes below can):" if ci_verdict(rows) else
+               "changes below are judged by a confidence interval):" if ci_verdict(rows) else
                ", so these medians cannot resolve a 2 % difference:")
               if not resolves else ", within 2 % of the medians:"), "",
            f"| median of {n} | " + " | ".join(
