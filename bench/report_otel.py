@@ -251,17 +251,29 @@ def otel_block() -> str:
                 "SDK costs indirectly (caches, the collector thread's wake-ups).", ""]
     slow = load("otel-60s")
     if slow and slow["rows"].get("consume", {}).get("sdk_cpu_share"):
-        c = slow["rows"]["consume"]["sdk_cpu_share"]["total"]
+        q = slow["rows"]["consume"]["sdk_cpu_share"]
+        c, ci = q["total"], q.get("total_ci95")
         p = slow["rows"].get("publish", {}).get("sdk_cpu_share", {}).get("total")
+        own = q.get("reader") and q["reader"][2] > 0
+        fell = [r["collections"] for r in slow["rows"]["consume"]["clients"]["sdk"]["runs"]
+                if "collections" in r]
+        fell_text = (f"{statistics.median(fell):g} collections fell in the median run"
+                     if fell and statistics.median(fell) else "no collection falls in a run")
         out += [f"With a reader every {slow['sdk_export_interval_s']:g} s instead, as "
                 f"deployments collect ({slow['repeat']} runs of absent and SDK taking "
                 f"turns, `bench/results/otel-60s.json`, commit "
                 f"`{slow['machine']['commit'][:10]}`, load average "
-                f"{slow['machine']['loadavg_start'][0]:.1f}), no collection falls in a "
-                "run, and recording the values held when its window ends took "
-                f"{share_pct(c[2])} of consume CPU (runs {share_pct(c[0])} to "
-                f"{share_pct(c[4])})"
-                + (f", and publishing {share_pct(p[2])}" if p else "") + ".", ""]
+                f"{slow['machine']['loadavg_start'][0]:.1f}), {fell_text}, and recording "
+                "the values "
+                + ("(on the reader past "
+                   + f"{slow['chunk_size_held']:,}".replace(",", " ")
+                   + f" held, {share_pct(q['reader'][2])}, and those held when the "
+                   "window ends) "
+                   if own else "held when its window ends ")
+                + f"took {share_pct(c[2])} of consume CPU (runs {share_pct(c[0])} to "
+                f"{share_pct(c[4])}"
+                + (f", 95 % interval {share_pct(ci[0])} to {share_pct(ci[1])}" if ci else "")
+                + ")" + (f", and publishing {share_pct(p[2])}" if p else "") + ".", ""]
     setups = {m: [r["setup_ms"] for row in rows.values()
                   for r in row["clients"].get(m, {}).get("runs", []) if "setup_ms" in r]
               for m in ("api", "sdk")}
