@@ -33,7 +33,12 @@ cdef enum CrcState:
     CRC_DONE        # its result waits for the poster
     CRC_STOP        # the worker leaves
 
+cdef extern from "<unistd.h>" nogil:
+    ctypedef int pid_t
+    pid_t getpid()
+
 cdef struct CrcWorker:
+    pid_t pid           # the process whose thread it is: a fork has none
     pthread_mutex_t lock
     pthread_cond_t changed
     pthread_t thread
@@ -71,6 +76,7 @@ cdef CrcWorker *crc_worker_start() noexcept nogil:
     cdef CrcWorker *w = <CrcWorker *>malloc(sizeof(CrcWorker))
     if w == NULL:
         return NULL
+    w.pid = getpid()
     pthread_mutex_init(&w.lock, NULL)
     pthread_cond_init(&w.changed, NULL)
     w.state = CRC_IDLE
@@ -80,6 +86,12 @@ cdef CrcWorker *crc_worker_start() noexcept nogil:
         free(w)
         return NULL
     return w
+
+cdef bint crc_worker_ours(CrcWorker *w) noexcept nogil:
+    """Whether the worker's thread runs in this process. A child of
+    fork() has the parent's memory but not its threads: joining one would
+    hang and its lock may be held, so the child leaves it (a few bytes)."""
+    return w.pid == getpid()
 
 cdef void crc_worker_stop(CrcWorker *w) noexcept nogil:
     pthread_mutex_lock(&w.lock)

@@ -280,7 +280,7 @@ cdef class StreamDecoder(FrameReader):
         self.subs = {}
 
     def __dealloc__(self):
-        if self.crc_worker != NULL:
+        if self.crc_worker != NULL and crc_worker_ours(self.crc_worker):
             with nogil:
                 crc_worker_stop(self.crc_worker)
 
@@ -297,6 +297,14 @@ cdef class StreamDecoder(FrameReader):
         opts = _Options(crc, amqp, start_offset, columns, body, error_policy,
                         max_subbatch_size, max_chunk_size)
         self.subs[subscription_id] = _Builder(opts)
+
+    cdef check_crc_worker(self):
+        """Start the CRC worker if there is none in this process."""
+        if self.crc_worker != NULL and not crc_worker_ours(self.crc_worker):
+            self.crc_worker = NULL
+        if self.crc_worker == NULL and not self.crc_worker_failed:
+            self.crc_worker = crc_worker_start()
+            self.crc_worker_failed = self.crc_worker == NULL
 
     def unsubscribe(self, int subscription_id):
         """Stop decoding this subscription's chunks (a no-op if unknown)."""
@@ -327,10 +335,8 @@ cdef class StreamDecoder(FrameReader):
         try:
             if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
                 raise_error(&err)
-            if (c.data_len >= SPLIT_CRC_BYTES and builder.b.opt.crc
-                    and self.crc_worker == NULL and not self.crc_worker_failed):
-                self.crc_worker = crc_worker_start()
-                self.crc_worker_failed = self.crc_worker == NULL
+            if c.data_len >= SPLIT_CRC_BYTES and builder.b.opt.crc:
+                self.check_crc_worker()
             self.busy = True
             if n >= NOGIL_FRAME:
                 with nogil:

@@ -2,6 +2,9 @@
 frames."""
 
 import itertools
+import os
+import signal
+import time
 import zlib
 
 import pyarrow as pa
@@ -281,3 +284,31 @@ def test_stream_decoder_splits_large_chunk_crc(records):
 def _threads() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def test_stream_decoder_after_fork():
+    """A child of fork() has the decoder but not its CRC worker's thread:
+    it checks large chunks with a worker of its own and frees the decoder
+    without waiting for the parent's."""
+    frame = deliver(chunk([simple_entry(amqp_data(b"f" * 1000))] * 300))
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    d.feed(frame)
+    assert d.next_event().num_records == 300     # the worker runs
+    pid = os.fork()
+    if pid == 0:                                 # the child: exit code says
+        ok = False
+        try:
+            d.feed(frame)
+            ok = d.next_event().num_records == 300
+            del d
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
