@@ -239,12 +239,17 @@ static inline int decode_entries(const ps_chunk *c, ps_batch *b, ps_cursor *w,
     return PS_OK;
 }
 
-int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
+int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err)
+{
+    if (crc != c->crc)
+        return ps_fail(err, PS_E_CRC, at(c, c->data) - 16, "chunk CRC-32 mismatch");
+    return PS_OK;
+}
+
+int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err)
 {
     ps_cursor w;
     int rc;
-    if (b->opt.crc && ps_crc32(0, c->data, c->data_len) != c->crc)
-        return ps_fail(err, PS_E_CRC, at(c, c->data) - 16, "chunk CRC-32 mismatch");
     if (c->type != 0)
         return PS_OK;       /* tracking data: uses offsets, holds no records */
 
@@ -258,6 +263,14 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
     rc = decode_entries(c, b, &w, input, err);
     ps_cursor_store(&w, b);
     return rc;
+}
+
+int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err)
+{
+    int rc;
+    if (b->opt.crc && (rc = ps_chunk_check_crc(c, ps_crc32(0, c->data, c->data_len), err)))
+        return rc;
+    return ps_chunk_decode_records(c, b, err);
 }
 
 int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b, ps_error *err)

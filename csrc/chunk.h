@@ -48,6 +48,12 @@ int ps_deliver_parse(const uint8_t *frame, size_t len, uint64_t pos,
  * the start offset to the batch.  Tracking chunks add nothing. */
 int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err);
 
+/* The two halves of ps_chunk_decode, for a caller that computes the CRC-32
+ * of the chunk's data itself: the check against the header's, and the
+ * decode (which never looks at the option crc). */
+int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err);
+int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err);
+
 /* Decode every size-prefixed Deliver frame in [p, p+n) into the batch;
  * positions in errors are offsets into p. */
 int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b, ps_error *err);

@@ -69,6 +69,36 @@ uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
     return crc32_gzip_refl(crc, p, (uint64_t)n);
 }
 
+/* Polynomials over GF(2) modulo the CRC-32 polynomial, bit-reflected as the
+ * CRC is: bit 31 holds the coefficient of x^0, bit 0 that of x^31. */
+enum { REFLECTED_POLY = 0xEDB88320u, X0 = 0x80000000u };
+
+static uint32_t mulmod(uint32_t a, uint32_t b)
+{
+    uint32_t product = 0;
+    /* b times x^i for i = 0, 1, ...: times x is a shift towards bit 0,
+     * reducing by P when x^31's coefficient leaves */
+    for (uint32_t term = X0; term; term >>= 1) {
+        if (a & term)
+            product ^= b;
+        b = (b >> 1) ^ ((b & 1) ? REFLECTED_POLY : 0);
+    }
+    return product;
+}
+
+uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    /* crc(a + b) = crc_a * x^(8 len_b) + crc_b: the pre- and post-inversions
+     * of the two CRCs cancel out.  x^(8 len_b) by squaring. */
+    uint32_t shift = X0, power = X0 >> 8;     /* x^0, x^8 */
+    for (; len_b; len_b >>= 1) {
+        if (len_b & 1)
+            shift = mulmod(shift, power);
+        power = mulmod(power, power);
+    }
+    return mulmod(crc_a, shift) ^ crc_b;
+}
+
 uint32_t ps_crc32c(const uint8_t *p, size_t n)
 {
     /* ISA-L's iSCSI variant leaves the inversion to the caller */

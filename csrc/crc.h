@@ -13,6 +13,11 @@
 /* zlib-compatible: ps_crc32(ps_crc32(0, a), b) == crc32 of a + b. */
 uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n);
 
+/* The CRC-32 of a + b from crc_a = ps_crc32(0, a) and crc_b = ps_crc32(0, b),
+ * len_b the length of b: halves of a buffer checked on two cores combine
+ * into the CRC of the whole. */
+uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 /* Plain CRC-32C of p (initial value all ones, final xor), as snappy uses. */
 uint32_t ps_crc32c(const uint8_t *p, size_t n);
 

@@ -6,11 +6,23 @@
  *   - with bit 7 set, one AMQP 1.0 message for ps_batch_add directly.
  * The same bytes also go through the frame reader (small frame limits, so
  * the Deliver exception is exercised), fed in pieces of 1 to 64 bytes.
- * After a successful decode every binary view must lie inside its buffer. */
+ * After a successful decode every binary view must lie inside its buffer.
+ * The CRC-32 of the input, split where its first byte says, must combine
+ * from its two halves (the stream decoder's two-core check). */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "chunk.h"
+#include "crc.h"
+
+static void check_crc_combine(const uint8_t *data, size_t size, uint8_t mode)
+{
+    size_t split = size * mode / 255;
+    uint32_t whole = ps_crc32(0, data, size);
+    if (ps_crc32_combine(ps_crc32(0, data, split), ps_crc32(0, data + split, size - split),
+                         size - split) != whole)
+        abort();
+}
 
 static void read_frames(const uint8_t *data, size_t size, uint8_t mode)
 {
@@ -94,5 +106,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ps_batch_free(&b);
     free(copy);
     read_frames(data, size, mode);
+    check_crc_combine(data, size, mode);
     return 0;
 }

@@ -79,22 +79,7 @@ cdef int raise_error(const ps_error *err) except -1:
     raise SystemError(f"pystream._core: unknown error code {code}: {msg}")
 
 
-# --- CRC --------------------------------------------------------------------
-
-def crc32(data, value=0):
-    """CRC-32 of ``data`` (any bytes-like), continuing from ``value``:
-    the same result as :func:`zlib.crc32`."""
-    cdef Py_buffer view
-    cdef uint32_t crc = <uint32_t>(value & 0xFFFFFFFF)
-    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-    try:
-        with nogil:
-            crc = ps_crc32(crc, <const uint8_t *>view.buf, <size_t>view.len)
-    finally:
-        PyBuffer_Release(&view)
-    return crc
-
-
+include "_core_crc.pxi"
 include "_core_frames.pxi"
 include "_core_decode.pxi"
 include "_core_encode.pxi"

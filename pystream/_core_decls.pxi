@@ -35,6 +35,7 @@ cdef extern from "frame.h":
 
 cdef extern from "crc.h":
     uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n) nogil
+    uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) nogil
 
 cdef extern from "buf.h":
     ctypedef struct ps_buf:
@@ -120,6 +121,8 @@ cdef extern from "chunk.h":
     int ps_deliver_parse(const uint8_t *frame, size_t len, uint64_t pos,
                          ps_chunk *c, ps_error *err) nogil
     int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
+    int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err) nogil
+    int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
     int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b,
                          ps_error *err) nogil
 
@@ -179,3 +182,25 @@ cdef extern from "encode.h":
                           ps_buf *counts, ps_error *err) nogil
     void ps_murmur3_32(const ps_strs *keys, size_t n, uint32_t seed,
                        uint32_t *out) nogil
+
+
+# POSIX threads: the CRC worker (_core_crc.pxi), the Arrow stream hand-off
+# (_core_stream.pxi).
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *m, const void *attr)
+    int pthread_mutex_destroy(pthread_mutex_t *m)
+    int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_unlock(pthread_mutex_t *m)
+    int pthread_cond_init(pthread_cond_t *c, const void *attr)
+    int pthread_cond_destroy(pthread_cond_t *c)
+    int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
+    int pthread_cond_broadcast(pthread_cond_t *c)
+    int pthread_cond_signal(pthread_cond_t *c)
+    ctypedef unsigned long pthread_t
+    int pthread_create(pthread_t *t, const void *attr, void *(*run)(void *) noexcept nogil,
+                       void *arg)
+    int pthread_join(pthread_t t, void **result)

@@ -7,20 +7,6 @@
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF
 
-cdef extern from "<pthread.h>" nogil:
-    ctypedef struct pthread_mutex_t:
-        pass
-    ctypedef struct pthread_cond_t:
-        pass
-    int pthread_mutex_init(pthread_mutex_t *m, const void *attr)
-    int pthread_mutex_destroy(pthread_mutex_t *m)
-    int pthread_mutex_lock(pthread_mutex_t *m)
-    int pthread_mutex_unlock(pthread_mutex_t *m)
-    int pthread_cond_init(pthread_cond_t *c, const void *attr)
-    int pthread_cond_destroy(pthread_cond_t *c)
-    int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
-    int pthread_cond_broadcast(pthread_cond_t *c)
-
 cdef extern from *:
     """
     #ifndef ARROW_C_DATA_INTERFACE

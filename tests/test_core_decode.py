@@ -2,12 +2,16 @@
 frames."""
 
 import itertools
+import os
+import signal
+import time
 import zlib
 
 import pyarrow as pa
 import pytest
 
 from pystream._core import Chunk, StreamDecoder, crc32, decode, schema
+from pystream.errors import CorruptChunk
 
 from .golden import (
     DELIVER_CAPTURES,
@@ -246,3 +250,65 @@ def test_crc32_matches_zlib_at_every_length_and_alignment():
     for n, start, value in itertools.product(lengths, (0, 1, 31), (0, 0xFFFFFFFF, 0x12345678)):
         piece = data[start:start + n]
         assert crc32(piece, value) == zlib.crc32(piece, value), (n, start, value)
+
+
+@pytest.mark.parametrize("records", [270, 301, 1001])
+def test_stream_decoder_splits_large_chunk_crc(records):
+    """Chunks of 256 KiB and more have each half of their CRC checked on a
+    core of its own, combined; zlib's CRC in the header is the oracle, at
+    odd lengths, and a flipped byte in either half is caught."""
+    bodies = [bytes([i & 0xFF]) * (1000 + i % 7) for i in range(records)]
+    frame = deliver(chunk([simple_entry(amqp_data(b)) for b in bodies]))
+    assert len(frame) >= 256 * 1024
+    threads = _threads()
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    for _ in range(3):                       # the worker is reused
+        d.feed(frame)
+        assert d.next_event().batch.column("body").to_pylist() == bodies
+    data_at = 4 + 5 + 48                     # size, Deliver header, chunk header
+    for fed, flip in enumerate((data_at + 10, len(frame) // 2, len(frame) - 3), 3):
+        bad = bytearray(frame)
+        bad[flip] ^= 0x01
+        d.feed(bytes(bad))
+        with pytest.raises(CorruptChunk, match="CRC-32 mismatch") as e:
+            d.next_event()
+        assert e.value.position == fed * len(frame) + 4 + 5 + 32   # its CRC field
+    d.feed(frame)                            # and the decoder goes on
+    assert d.next_event().num_records == records
+    assert _threads() == threads + 1         # one worker, which leaves with it
+    del d
+    assert _threads() == threads
+
+
+def _threads() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def test_stream_decoder_after_fork():
+    """A child of fork() has the decoder but not its CRC worker's thread:
+    it checks large chunks with a worker of its own and frees the decoder
+    without waiting for the parent's."""
+    frame = deliver(chunk([simple_entry(amqp_data(b"f" * 1000))] * 300))
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    d.feed(frame)
+    assert d.next_event().num_records == 300     # the worker runs
+    pid = os.fork()
+    if pid == 0:                                 # the child: exit code says
+        ok = False
+        try:
+            d.feed(frame)
+            ok = d.next_event().num_records == 300
+            del d
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

@@ -1,0 +1,128 @@
+# Included by _core.pyx: CRC-32, and the CRC of large chunks on two cores.
+#
+# A thread that reads a 1 KiB-message stream spends about a fifth of its
+# time in the chunks' CRC (bench/results/profiles), at the memory's speed:
+# nothing makes one core's CRC faster. A second thread checks the second
+# half of a large chunk meanwhile and the halves combine (ps_crc32_combine).
+# The reading thread never waits on a worker that has not started: it then
+# checks that half itself, so a busy machine costs one lock round, no more.
+
+def crc32(data, value=0):
+    """CRC-32 of ``data`` (any bytes-like), continuing from ``value``:
+    the same result as :func:`zlib.crc32`."""
+    cdef Py_buffer view
+    cdef uint32_t crc = <uint32_t>(value & 0xFFFFFFFF)
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            crc = ps_crc32(crc, <const uint8_t *>view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return crc
+
+
+cdef enum:
+    # Below this a chunk's CRC takes under ~25 us, about what waking the
+    # worker costs.
+    SPLIT_CRC_BYTES = 256 * 1024
+
+cdef enum CrcState:
+    CRC_IDLE        # no job
+    CRC_POSTED      # a job waits for the worker
+    CRC_RUNNING     # the worker computes it
+    CRC_DONE        # its result waits for the poster
+    CRC_STOP        # the worker leaves
+
+cdef extern from "<unistd.h>" nogil:
+    ctypedef int pid_t
+    pid_t getpid()
+
+cdef struct CrcWorker:
+    pid_t pid           # the process whose thread it is: a fork has none
+    pthread_mutex_t lock
+    pthread_cond_t changed
+    pthread_t thread
+    CrcState state
+    const uint8_t *data
+    size_t n
+    uint32_t crc
+
+cdef void *crc_worker_run(void *arg) noexcept nogil:
+    cdef CrcWorker *w = <CrcWorker *>arg
+    cdef const uint8_t *data
+    cdef size_t n
+    cdef uint32_t crc
+    pthread_mutex_lock(&w.lock)
+    while True:
+        while w.state != CRC_POSTED and w.state != CRC_STOP:
+            pthread_cond_wait(&w.changed, &w.lock)
+        if w.state == CRC_STOP:
+            break
+        w.state = CRC_RUNNING
+        data = w.data
+        n = w.n
+        pthread_mutex_unlock(&w.lock)
+        crc = ps_crc32(0, data, n)
+        pthread_mutex_lock(&w.lock)
+        w.crc = crc
+        w.state = CRC_DONE
+        pthread_cond_broadcast(&w.changed)
+    pthread_mutex_unlock(&w.lock)
+    return NULL
+
+cdef CrcWorker *crc_worker_start() noexcept nogil:
+    """A worker thread, or NULL if none can start (the CRC then runs on
+    one core, as for small chunks)."""
+    cdef CrcWorker *w = <CrcWorker *>malloc(sizeof(CrcWorker))
+    if w == NULL:
+        return NULL
+    w.pid = getpid()
+    pthread_mutex_init(&w.lock, NULL)
+    pthread_cond_init(&w.changed, NULL)
+    w.state = CRC_IDLE
+    if pthread_create(&w.thread, NULL, crc_worker_run, w) != 0:
+        pthread_cond_destroy(&w.changed)
+        pthread_mutex_destroy(&w.lock)
+        free(w)
+        return NULL
+    return w
+
+cdef bint crc_worker_ours(CrcWorker *w) noexcept nogil:
+    """Whether the worker's thread runs in this process. A child of
+    fork() has the parent's memory but not its threads: joining one would
+    hang and its lock may be held, so the child leaves it (a few bytes)."""
+    return w.pid == getpid()
+
+cdef void crc_worker_stop(CrcWorker *w) noexcept nogil:
+    pthread_mutex_lock(&w.lock)
+    w.state = CRC_STOP
+    pthread_cond_broadcast(&w.changed)
+    pthread_mutex_unlock(&w.lock)
+    pthread_join(w.thread, NULL)
+    pthread_cond_destroy(&w.changed)
+    pthread_mutex_destroy(&w.lock)
+    free(w)
+
+cdef uint32_t crc32_split(CrcWorker *w, const uint8_t *data, size_t n) noexcept nogil:
+    """The CRC-32 of data, its second half checked by the worker."""
+    cdef size_t half = n // 2
+    cdef uint32_t first, second
+    pthread_mutex_lock(&w.lock)
+    w.data = data + half
+    w.n = n - half
+    w.state = CRC_POSTED
+    pthread_cond_signal(&w.changed)
+    pthread_mutex_unlock(&w.lock)
+    first = ps_crc32(0, data, half)
+    pthread_mutex_lock(&w.lock)
+    if w.state == CRC_POSTED:   # the worker did not get a core in time
+        w.state = CRC_IDLE
+        pthread_mutex_unlock(&w.lock)
+        second = ps_crc32(0, data + half, n - half)
+    else:
+        while w.state != CRC_DONE:
+            pthread_cond_wait(&w.changed, &w.lock)
+        second = w.crc
+        w.state = CRC_IDLE
+        pthread_mutex_unlock(&w.lock)
+    return ps_crc32_combine(first, second, n - half)
