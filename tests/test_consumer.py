@@ -129,6 +129,47 @@ def test_queued_small_chunks_join_into_one_batch(client, stream):
     assert sizes == [20]
 
 
+def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monkeypatch):
+    """body="binary": chunks decode as views and the joined batch gets its
+    bodies copied into plain binary once; it equals the body="view" read
+    and holds none of the receive buffers (blocks) the views pointed into."""
+    from pystream.connection import Connection
+    blocks: list = []
+    read_once = Connection._read_once
+
+    def recording(self, sock, reader, first=False):
+        # Kept alive, so no block is reused and every span stays unique.
+        blocks.append(reader.writable().obj)
+        return read_once(self, sock, reader, first)
+
+    monkeypatch.setattr(Connection, "_read_once", recording)
+    for i in range(20):  # twenty chunks
+        publish(client, stream, [amqp_message(b"body %d " % i * (1 + i))] * 3)
+
+    def joined(body: str) -> pa.RecordBatch:
+        with pystream.connect(uri) as fresh, \
+                fresh.consumer(stream, offset="first", body=body) as consumer:
+            deadline = time.monotonic() + 10
+            while len(consumer._queue) < 20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            batches = list(consumer.batches(timeout=1.0))
+            assert consumer._decode_options["body"] == "view"  # no copy before the join
+        assert [b.num_rows for b in batches] == [60]  # one batch of 20 chunks
+        return batches[0]
+
+    def in_blocks(batch: pa.RecordBatch) -> list[int]:
+        spans = [(pa.py_buffer(b).address, len(memoryview(b))) for b in blocks]
+        return [buf.address for column in batch.columns for buf in column.buffers()
+                if buf is not None and any(a <= buf.address < a + n for a, n in spans)]
+
+    binary, views = joined("binary"), joined("view")
+    assert binary.schema == pystream.schema(body="binary")
+    assert binary.column("body").type == pa.binary()
+    assert binary.column("body").to_pylist() == views.column("body").to_pylist()
+    assert in_blocks(views)  # the check finds the views' bytes
+    assert not in_blocks(binary)
+
+
 def test_large_chunks_stay_one_batch_each(client, stream, monkeypatch):
     from pystream.consumer import JOIN_ROWS, Consumer
     chunks: list[int] = []
