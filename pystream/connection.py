@@ -419,7 +419,7 @@ class Connection:
     def end_read(self) -> None:
         """Give back the turn ``read_until`` kept, if this thread has it."""
         if self._turn is not None:
-            self._turn.release()
+            self._turn.give()
 
     def interrupt_read(self) -> None:
         """Stop an application thread's ``read_until`` (its consumer ended

@@ -53,13 +53,9 @@ class ReadTurn:
             self._holder = threading.get_ident()
 
     def give(self) -> None:
-        """Give the turn back (its holder)."""
-        with self._cond:
-            self._holder = None
-            self._cond.notify_all()
-
-    def release(self) -> None:
-        """Give the turn back if this thread holds it."""
+        """Give the turn back if this thread holds it (the reader thread
+        after its reads, an application thread once it has what it read;
+        a no-op for a thread that holds it no longer)."""
         with self._cond:
             if self._holder == threading.get_ident():
                 self._holder = None
