@@ -479,3 +479,52 @@ def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
         publish(client, stream, [amqp_message(b"after")])
         assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
         assert consumer._subs[stream].connection is not conn
+
+
+def test_an_interrupt_while_the_application_reads_loses_nothing(client, stream):
+    """Ctrl-C (KeyboardInterrupt) in the main thread while it reads the
+    socket for its consumer, raised after chunks were taken from the
+    decoder and before they reached the subscription: it propagates, and
+    the chunks still reach the consumer."""
+    import _thread
+
+    class InterruptingSinks(dict):
+        fired = False
+
+        def get(self, key, default=None):
+            if not self.fired and threading.current_thread() is threading.main_thread():
+                InterruptingSinks.fired = True
+                _thread.interrupt_main()  # raised at this call's first bytecode
+            return super().get(key, default)
+
+    with client.consumer(stream, offset="next") as consumer:
+        conn = consumer._subs[stream].connection
+        conn._sinks = InterruptingSinks(conn._sinks)
+        later = threading.Timer(0.3, publish, (client, stream,
+                                               [amqp_message(b"%d" % i) for i in range(30)]),
+                                {"batch": 10})
+        later.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                consumer.read(30, timeout=10)
+        finally:
+            later.join()
+        assert InterruptingSinks.fired
+        table = consumer.read(30, timeout=10)
+    assert table.column("body").to_pylist() == [b"%d" % i for i in range(30)]
+
+
+def test_ctrl_c_ends_a_wait_in_the_reading_main_thread_at_once(client, stream):
+    """SIGINT while the main thread waits in poll for its consumer's data:
+    held back while it reads, it still ends the wait at once."""
+    import signal
+    with client.consumer(stream, offset="next") as consumer:
+        main = threading.main_thread().ident
+        assert main is not None
+        threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            consumer.read(1, timeout=30)
+        assert time.monotonic() - start < 10
+        publish(client, stream, [amqp_message(b"after")])
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"after"]
