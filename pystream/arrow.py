@@ -66,6 +66,16 @@ def rows_matching(batch: pa.RecordBatch, expression: pc.Expression) -> np.ndarra
     return table.filter(expression).column("__row").to_numpy()
 
 
+def binary_bodies(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its ``binary_view`` bodies copied into ``binary``: the
+    copy owns its bytes, so it no longer holds the receive buffer the views
+    point into."""
+    i = batch.schema.get_field_index("body")
+    field = batch.schema.field(i)
+    return batch.set_column(i, field.with_type(pa.binary()),
+                            batch.column(i).cast(pa.binary()))
+
+
 def as_batch(messages: Batch) -> pa.RecordBatch:
     """What ``send_batch`` takes, as one RecordBatch with a body column."""
     if isinstance(messages, pa.Table):

@@ -402,13 +402,14 @@ class Connection:
             return not self._closed.is_set()
         kept = False
         try:
-            while not done() and not self._closed.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                if turn.poll(left):
-                    self._read_once(sock, self._reader)
-            kept = done() and not self._closed.is_set()
+            with turn.interrupts_held() as interrupted:
+                while not done() and not self._closed.is_set() and not interrupted:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    if turn.poll(left):
+                        self._read_once(sock, self._reader)
+                kept = done() and not self._closed.is_set()
         except Exception as exc:
             self._read_failed(exc)
         finally:
@@ -419,7 +420,7 @@ class Connection:
     def end_read(self) -> None:
         """Give back the turn ``read_until`` kept, if this thread has it."""
         if self._turn is not None:
-            self._turn.release()
+            self._turn.give()
 
     def interrupt_read(self) -> None:
         """Stop an application thread's ``read_until`` (its consumer ended

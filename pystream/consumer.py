@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._core import schema
-from .arrow import consumer_stream
+from .arrow import binary_bodies, consumer_stream
 from .credit import Credit
 from .errors import StreamError
 from .offsets import Offset, offset_spec
@@ -111,12 +111,19 @@ class Consumer(Subscriptions):
             features.require("single_active_consumer")
         if filter is not None:
             features.require("filtering")
+        # body="binary": chunks decode as views and the bodies are copied
+        # once, after queued chunks join (``_next_batch``); decoded straight
+        # to binary, the join would copy them a second time. A post filter
+        # sees the type asked for, so its chunks decode to binary.
+        self._copy_bodies = body == "binary" and (
+            filter is None or filter.post_filter is None)
         super().__init__(
             client, name=name, single_active=single_active,
             super_stream=super_stream, filter=filter,
             credit=credit or Credit.adaptive(),
             decode_options=dict(
-                crc=crc, amqp=amqp, columns=columns, body=body,
+                crc=crc, amqp=amqp, columns=columns,
+                body="view" if self._copy_bodies else body,
                 error_policy=error_policy, max_subbatch_size=max_subbatch_size,
                 max_chunk_size=max_chunk_size),
             start=offset_spec(offset), auto_store=auto_store,
@@ -197,10 +204,12 @@ class Consumer(Subscriptions):
                     self._filter(item)
             finally:
                 self._end_read()
-            sub, batch = item.sub, item.batch
+            sub, batch, start = item.sub, item.batch, item.handed
             assert sub is not None and batch is not None
+            if self._copy_bodies:  # the rows left, off the receive buffer
+                batch, start = binary_bodies(batch.slice(start)), 0
             offsets = batch.column(0).to_numpy()
-            for row in range(item.handed, batch.num_rows):
+            for row in range(start, batch.num_rows):
                 sub.position = int(offsets[row]) + 1
                 yield Message(batch, row)
             sends: list[tuple[Subscription, int]] = []
@@ -315,6 +324,8 @@ class Consumer(Subscriptions):
                     # Joined outside the lock: the reader threads queue meanwhile.
                     batch = (parts[0] if len(parts) == 1 else
                              pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
+                    if self._copy_bodies:
+                        batch = binary_bodies(batch)
                     if self.super_stream is not None:
                         batch = batch.replace_schema_metadata(
                             {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]

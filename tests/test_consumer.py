@@ -129,6 +129,47 @@ def test_queued_small_chunks_join_into_one_batch(client, stream):
     assert sizes == [20]
 
 
+def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monkeypatch):
+    """body="binary": chunks decode as views and the joined batch gets its
+    bodies copied into plain binary once; it equals the body="view" read
+    and holds none of the receive buffers (blocks) the views pointed into."""
+    from pystream.connection import Connection
+    blocks: list = []
+    read_once = Connection._read_once
+
+    def recording(self, sock, reader, first=False):
+        # Kept alive, so no block is reused and every span stays unique.
+        blocks.append(reader.writable().obj)
+        return read_once(self, sock, reader, first)
+
+    monkeypatch.setattr(Connection, "_read_once", recording)
+    for i in range(20):  # twenty chunks
+        publish(client, stream, [amqp_message(b"body %d " % i * (1 + i))] * 3)
+
+    def joined(body: str) -> pa.RecordBatch:
+        with pystream.connect(uri) as fresh, \
+                fresh.consumer(stream, offset="first", body=body) as consumer:
+            deadline = time.monotonic() + 10
+            while len(consumer._queue) < 20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            batches = list(consumer.batches(timeout=1.0))
+            assert consumer._decode_options["body"] == "view"  # no copy before the join
+        assert [b.num_rows for b in batches] == [60]  # one batch of 20 chunks
+        return batches[0]
+
+    def in_blocks(batch: pa.RecordBatch) -> list[int]:
+        spans = [(pa.py_buffer(b).address, len(memoryview(b))) for b in blocks]
+        return [buf.address for column in batch.columns for buf in column.buffers()
+                if buf is not None and any(a <= buf.address < a + n for a, n in spans)]
+
+    binary, views = joined("binary"), joined("view")
+    assert binary.schema == pystream.schema(body="binary")
+    assert binary.column("body").type == pa.binary()
+    assert binary.column("body").to_pylist() == views.column("body").to_pylist()
+    assert in_blocks(views)  # the check finds the views' bytes
+    assert not in_blocks(binary)
+
+
 def test_large_chunks_stay_one_batch_each(client, stream, monkeypatch):
     from pystream.consumer import JOIN_ROWS, Consumer
     chunks: list[int] = []
@@ -438,3 +479,52 @@ def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
         publish(client, stream, [amqp_message(b"after")])
         assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
         assert consumer._subs[stream].connection is not conn
+
+
+def test_an_interrupt_while_the_application_reads_loses_nothing(client, stream):
+    """Ctrl-C (KeyboardInterrupt) in the main thread while it reads the
+    socket for its consumer, raised after chunks were taken from the
+    decoder and before they reached the subscription: it propagates, and
+    the chunks still reach the consumer."""
+    import _thread
+
+    class InterruptingSinks(dict):
+        fired = False
+
+        def get(self, key, default=None):
+            if not self.fired and threading.current_thread() is threading.main_thread():
+                InterruptingSinks.fired = True
+                _thread.interrupt_main()  # raised at this call's first bytecode
+            return super().get(key, default)
+
+    with client.consumer(stream, offset="next") as consumer:
+        conn = consumer._subs[stream].connection
+        conn._sinks = InterruptingSinks(conn._sinks)
+        later = threading.Timer(0.3, publish, (client, stream,
+                                               [amqp_message(b"%d" % i) for i in range(30)]),
+                                {"batch": 10})
+        later.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                consumer.read(30, timeout=10)
+        finally:
+            later.join()
+        assert InterruptingSinks.fired
+        table = consumer.read(30, timeout=10)
+    assert table.column("body").to_pylist() == [b"%d" % i for i in range(30)]
+
+
+def test_ctrl_c_ends_a_wait_in_the_reading_main_thread_at_once(client, stream):
+    """SIGINT while the main thread waits in poll for its consumer's data:
+    held back while it reads, it still ends the wait at once."""
+    import signal
+    with client.consumer(stream, offset="next") as consumer:
+        main = threading.main_thread().ident
+        assert main is not None
+        threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            consumer.read(1, timeout=30)
+        assert time.monotonic() - start < 10
+        publish(client, stream, [amqp_message(b"after")])
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"after"]
