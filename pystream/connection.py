@@ -402,14 +402,13 @@ class Connection:
             return not self._closed.is_set()
         kept = False
         try:
-            with turn.interrupts_held() as interrupted:
-                while not done() and not self._closed.is_set() and not interrupted:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    if turn.poll(left):
-                        self._read_once(sock, self._reader)
-                kept = done() and not self._closed.is_set()
+            while not done() and not self._closed.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                if turn.poll(left):
+                    self._read_once(sock, self._reader)
+            kept = done() and not self._closed.is_set()
         except Exception as exc:
             self._read_failed(exc)
         finally:

@@ -14,19 +14,14 @@ a wake-up pipe, so that an application thread wanting the turn can take it
 from a reader idle in ``poll``; the holder gives it back once done. The
 reader thread only leaves its loop while holding the turn, so no
 application thread reads a descriptor it closed (the connection's close
-rules). A main thread reading holds Ctrl-C back (``interrupts_held``) until
-what it read is queued, so the ``KeyboardInterrupt`` loses nothing.
+rules).
 """
 
 from __future__ import annotations
 
 import os
 import select
-import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
 _POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
 
@@ -117,34 +112,6 @@ class ReadTurn:
             holder = self._holder
             if holder is not None and holder != threading.get_ident():
                 self._wake()
-
-    @contextmanager
-    def interrupts_held(self) -> Iterator[list[FrameType | None]]:
-        """Hold back SIGINT's Python handler (``KeyboardInterrupt``) while
-        the main thread reads with the turn: raised between taking bytes
-        from the socket or chunks from the decoder and queueing them, it
-        would drop them. A SIGINT meanwhile wakes ``poll`` and lands in the
-        list yielded (stop reading once it is not empty); the handler runs
-        as the block ends. Other threads run no signal handlers: for them
-        this does nothing."""
-        caught: list[FrameType | None] = []
-        handler = signal.getsignal(signal.SIGINT)
-        # Not callable: the default action or ignored, no exception either way.
-        if threading.current_thread() is not threading.main_thread() or not callable(handler):
-            yield caught
-            return
-
-        def hold(_signum: int, frame: FrameType | None) -> None:
-            caught.append(frame)
-            self._wake()
-
-        signal.signal(signal.SIGINT, hold)
-        try:
-            yield caught
-        finally:
-            signal.signal(signal.SIGINT, handler)
-            if caught:
-                handler(signal.SIGINT, caught[0])
 
     def _wake(self) -> None:
         try:
