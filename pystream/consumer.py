@@ -209,15 +209,21 @@ class Consumer(Subscriptions):
             if self._copy_bodies:  # the rows left, off the receive buffer
                 batch, start = binary_bodies(batch.slice(start)), 0
             offsets = batch.column(0).to_numpy()
-            for row in range(start, batch.num_rows):
-                sub.position = int(offsets[row]) + 1
-                yield Message(batch, row)
-            sends: list[tuple[Subscription, int]] = []
-            with self._cond:
-                if self._queue and self._queue[0] is item:
-                    self._hand(item, sends, None)
-            for s, n in sends:
-                self._send_credit(s, n)
+            taken = 0
+            try:
+                for row in range(start, batch.num_rows):
+                    sub.position = int(offsets[row]) + 1
+                    taken += 1     # the application has it once yielded
+                    yield Message(batch, row)
+            finally:
+                # Also when the application stops early (closing the
+                # generator): what it took is handed, the rest stays queued.
+                sends: list[tuple[Subscription, int]] = []
+                with self._cond:
+                    if taken and self._queue and self._queue[0] is item:
+                        self._hand(item, sends, taken)
+                for s, n in sends:
+                    self._send_credit(s, n)
             if timeout is not None:
                 deadline = time.monotonic() + timeout
 

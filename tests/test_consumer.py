@@ -98,6 +98,20 @@ def test_messages_are_views_with_a_position(client, filled):
     assert got == [(i, b) for i, b in zip(range(N - 3, N), bodies(3, N - 3), strict=True)]
 
 
+def test_messages_stopped_early_hand_the_rest_once(client, filled):
+    """Leaving messages() in the middle of a chunk hands what was taken:
+    the next read starts at the record after the last one yielded."""
+    with client.consumer(filled, offset="first") as consumer:
+        taken = []
+        for m in consumer.messages(timeout=1.0):
+            taken.append(m.offset)
+            if m.offset == 10:
+                break
+        assert consumer.position == 11
+        rest = [o for b in consumer.batches(timeout=1.0) for o in b.column("offset").to_pylist()]
+    assert taken + rest == list(range(N))
+
+
 def test_coalesced_batches(client, filled):
     with client.consumer(filled, offset="first", max_batch_rows=2000) as consumer:
         time.sleep(0.5)  # let several chunks queue
