@@ -7,6 +7,9 @@
 # The reading thread never waits on a worker that has not started: it then
 # checks that half itself, so a busy machine costs one lock round, no more.
 
+import threading
+
+
 def crc32(data, value=0):
     """CRC-32 of ``data`` (any bytes-like), continuing from ``value``:
     the same result as :func:`zlib.crc32`."""
@@ -38,17 +41,15 @@ cdef extern from "<unistd.h>" nogil:
     pid_t getpid()
 
 cdef struct CrcWorker:
-    pid_t pid           # the process whose thread it is: a fork has none
+    pid_t pid           # the process whose thread runs it: a fork has none
     pthread_mutex_t lock
     pthread_cond_t changed
-    pthread_t thread
     CrcState state
     const uint8_t *data
     size_t n
     uint32_t crc
 
-cdef void *crc_worker_run(void *arg) noexcept nogil:
-    cdef CrcWorker *w = <CrcWorker *>arg
+cdef void crc_worker_loop(CrcWorker *w) noexcept nogil:
     cdef const uint8_t *data
     cdef size_t n
     cdef uint32_t crc
@@ -68,40 +69,53 @@ cdef void *crc_worker_run(void *arg) noexcept nogil:
         w.state = CRC_DONE
         pthread_cond_broadcast(&w.changed)
     pthread_mutex_unlock(&w.lock)
-    return NULL
 
-cdef CrcWorker *crc_worker_start() noexcept nogil:
-    """A worker thread, or NULL if none can start (the CRC then runs on
-    one core, as for small chunks)."""
-    cdef CrcWorker *w = <CrcWorker *>malloc(sizeof(CrcWorker))
-    if w == NULL:
-        return NULL
-    w.pid = getpid()
-    pthread_mutex_init(&w.lock, NULL)
-    pthread_cond_init(&w.changed, NULL)
-    w.state = CRC_IDLE
-    if pthread_create(&w.thread, NULL, crc_worker_run, w) != 0:
-        pthread_cond_destroy(&w.changed)
-        pthread_mutex_destroy(&w.lock)
-        free(w)
-        return NULL
-    return w
 
-cdef bint crc_worker_ours(CrcWorker *w) noexcept nogil:
-    """Whether the worker's thread runs in this process. A child of
-    fork() has the parent's memory but not its threads: joining one would
-    hang and its lock may be held, so the child leaves it (a few bytes)."""
-    return w.pid == getpid()
+cdef class CrcWorkerThread:
+    """A CRC worker, run without the GIL by a thread of Python's (one made
+    in C would bind the extension to glibc 2.34's pthread_create, past the
+    wheels' manylinux_2_31), which keeps it alive until it leaves."""
+    cdef CrcWorker w
 
-cdef void crc_worker_stop(CrcWorker *w) noexcept nogil:
-    pthread_mutex_lock(&w.lock)
-    w.state = CRC_STOP
-    pthread_cond_broadcast(&w.changed)
-    pthread_mutex_unlock(&w.lock)
-    pthread_join(w.thread, NULL)
-    pthread_cond_destroy(&w.changed)
-    pthread_mutex_destroy(&w.lock)
-    free(w)
+    def __cinit__(self):
+        self.w.pid = getpid()
+        pthread_mutex_init(&self.w.lock, NULL)
+        pthread_cond_init(&self.w.changed, NULL)
+        self.w.state = CRC_IDLE
+
+    def __dealloc__(self):
+        # A child of fork() has the memory, not the thread: its lock may be
+        # held, so the child leaves it as it is.
+        if self.ours():
+            pthread_cond_destroy(&self.w.changed)
+            pthread_mutex_destroy(&self.w.lock)
+
+    def _run(self):
+        with nogil:
+            crc_worker_loop(&self.w)
+
+    cdef bint ours(self):
+        """Whether its thread runs in this process."""
+        return self.w.pid == getpid()
+
+    cdef void stop(self):
+        with nogil:
+            pthread_mutex_lock(&self.w.lock)
+            self.w.state = CRC_STOP
+            pthread_cond_broadcast(&self.w.changed)
+            pthread_mutex_unlock(&self.w.lock)
+
+
+cdef CrcWorkerThread crc_worker_start():
+    """A running worker, or None if no thread can start (the CRC then runs
+    on one core, as for small chunks)."""
+    worker = CrcWorkerThread()
+    try:
+        threading.Thread(target=worker._run, name="pystream-crc", daemon=True).start()
+    except RuntimeError:
+        return None
+    return worker
+
 
 cdef uint32_t crc32_split(CrcWorker *w, const uint8_t *data, size_t n) noexcept nogil:
     """The CRC-32 of data, its second half checked by the worker."""

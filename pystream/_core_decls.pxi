@@ -200,7 +200,3 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
     int pthread_cond_broadcast(pthread_cond_t *c)
     int pthread_cond_signal(pthread_cond_t *c)
-    ctypedef unsigned long pthread_t
-    int pthread_create(pthread_t *t, const void *attr, void *(*run)(void *) noexcept nogil,
-                       void *arg)
-    int pthread_join(pthread_t t, void **result)

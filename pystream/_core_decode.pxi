@@ -273,16 +273,15 @@ cdef class StreamDecoder(FrameReader):
     into the receive buffer, which stays alive (and out of reuse) while they do.
     """
     cdef dict subs
-    cdef CrcWorker *crc_worker   # started by the first large chunk to check
-    cdef bint crc_worker_failed  # no thread could start: one core it is
+    cdef CrcWorkerThread crc_worker  # started by the first large chunk to check
+    cdef bint crc_worker_failed      # no thread could start: one core it is
 
     def __init__(self, max_frame_size=1048576):
         self.subs = {}
 
     def __dealloc__(self):
-        if self.crc_worker != NULL and crc_worker_ours(self.crc_worker):
-            with nogil:
-                crc_worker_stop(self.crc_worker)
+        if self.crc_worker is not None and self.crc_worker.ours():
+            self.crc_worker.stop()
 
     def subscribe(self, int subscription_id, *, crc=True, amqp=True,
                   start_offset=0, columns=None, body="view",
@@ -300,11 +299,11 @@ cdef class StreamDecoder(FrameReader):
 
     cdef check_crc_worker(self):
         """Start the CRC worker if there is none in this process."""
-        if self.crc_worker != NULL and not crc_worker_ours(self.crc_worker):
-            self.crc_worker = NULL
-        if self.crc_worker == NULL and not self.crc_worker_failed:
+        if self.crc_worker is not None and not self.crc_worker.ours():
+            self.crc_worker = None
+        if self.crc_worker is None and not self.crc_worker_failed:
             self.crc_worker = crc_worker_start()
-            self.crc_worker_failed = self.crc_worker == NULL
+            self.crc_worker_failed = self.crc_worker is None
 
     def unsubscribe(self, int subscription_id):
         """Stop decoding this subscription's chunks (a no-op if unknown)."""
@@ -320,6 +319,7 @@ cdef class StreamDecoder(FrameReader):
         cdef int rc
         cdef uint64_t pos
         cdef timespec t0, t1
+        cdef CrcWorker *worker
         self.check_idle()
         rc = ps_reader_next(&self.r, &frame, &n, &err)
         if rc == PS_NEED_MORE:
@@ -338,10 +338,11 @@ cdef class StreamDecoder(FrameReader):
             if c.data_len >= SPLIT_CRC_BYTES and builder.b.opt.crc:
                 self.check_crc_worker()
             self.busy = True
+            worker = &self.crc_worker.w if self.crc_worker is not None else NULL
             if n >= NOGIL_FRAME:
                 with nogil:
                     clock_gettime(CLOCK_MONOTONIC, &t0)
-                    rc = chunk_decode(self.crc_worker, &c, &builder.b, &err)
+                    rc = chunk_decode(worker, &c, &builder.b, &err)
                     clock_gettime(CLOCK_MONOTONIC, &t1)
             else:
                 clock_gettime(CLOCK_MONOTONIC, &t0)
