@@ -71,7 +71,7 @@ cdef void crc_worker_loop(CrcWorker *w) noexcept nogil:
     pthread_mutex_unlock(&w.lock)
 
 
-cdef class CrcWorkerThread:
+cdef class _CrcWorkerThread:
     """A CRC worker, run without the GIL by a thread of Python's (one made
     in C would bind the extension to glibc 2.34's pthread_create, past the
     wheels' manylinux_2_31), which keeps it alive until it leaves."""
@@ -106,10 +106,10 @@ cdef class CrcWorkerThread:
             pthread_mutex_unlock(&self.w.lock)
 
 
-cdef CrcWorkerThread crc_worker_start():
+cdef _CrcWorkerThread crc_worker_start():
     """A running worker, or None if no thread can start (the CRC then runs
     on one core, as for small chunks)."""
-    worker = CrcWorkerThread()
+    worker = _CrcWorkerThread()
     try:
         threading.Thread(target=worker._run, name="pystream-crc", daemon=True).start()
     except RuntimeError:

@@ -273,7 +273,7 @@ cdef class StreamDecoder(FrameReader):
     into the receive buffer, which stays alive (and out of reuse) while they do.
     """
     cdef dict subs
-    cdef CrcWorkerThread crc_worker  # started by the first large chunk to check
+    cdef _CrcWorkerThread crc_worker  # started by the first large chunk to check
     cdef bint crc_worker_failed      # no thread could start: one core it is
 
     def __init__(self, max_frame_size=1048576):
