@@ -122,13 +122,13 @@ def test_slow_application_keeps_memory_bounded():
         assert grown < budget + (1 << 20) + (24 << 20)
 
 
-def read_peaks(uri: str, name: str, total: int) -> list[int]:
-    """Peak RSS over the last tenth of each of two reads of ``name``.
+def read_peaks(uri: str, name: str, total: int, reads: int) -> list[int]:
+    """Peak RSS over the last tenth of each of ``reads`` reads of ``name``.
     Peaks over a window, not samples: how much is queued at one moment
     varies with the broker's pace, up to the credit budget (small here)."""
     peaks = []
     with pystream.connect(uri) as client:
-        for _ in range(2):
+        for _ in range(reads):
             rows, peak = 0, 0
             with client.consumer(name, offset="first",
                                  credit=Credit.adaptive(8 << 20)) as consumer:
@@ -144,13 +144,14 @@ def read_peaks(uri: str, name: str, total: int) -> list[int]:
     return peaks
 
 
-def test_rss_stays_flat_over_20m_records():
-    """A long read keeps no state per record: reading 10 M records twice,
-    peak RSS over the last million of the second read stays within a few
-    MiB of the first's. The same window of the same stream is compared: the
-    broker may write one chunk several times larger than the others, and
-    the memory it takes (receive pool, column buffers) is high water, not
-    per record."""
+def test_rss_stays_flat_over_30m_records():
+    """A long read keeps no state per record: over three reads of the same
+    10 M records, peak RSS in the same window does not rise from read to
+    read. State kept per record (0.8 bytes of it is 8 MiB per read) raises
+    it every time; a high-water mark rises once: on a busy machine the
+    consumer falls behind once, up to the credit budget, and the receive
+    blocks that took then stay pooled (16 of them, 16 MiB). So the smaller
+    of the two rises is what a leak would show."""
     total = 10_000_000
     name = RSS_STREAM
     with pystream.connect(MODERN_URI) as client:
@@ -166,8 +167,8 @@ def test_rss_stays_flat_over_20m_records():
     # one (threads, caches, a fragmented heap) moves its RSS meanwhile.
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
-        peaks = pool.submit(read_peaks, MODERN_URI, name, total).result(timeout=600)
-    grown = (peaks[1] - peaks[0]) / 2**20
-    print(f"peak RSS over records 9-10 M: {peaks[0] / 2**20:.1f} MiB, "
-          f"19-20 M: {peaks[1] / 2**20:.1f} MiB: {grown:+.1f} MiB")
-    assert grown < 8
+        peaks = pool.submit(read_peaks, MODERN_URI, name, total, 3).result(timeout=900)
+    rises = [(b - a) / 2**20 for a, b in zip(peaks, peaks[1:])]
+    print("peak RSS over records 9-10 M of each read: "
+          + ", ".join(f"{p / 2**20:.1f}" for p in peaks) + " MiB")
+    assert min(rises) < 8
