@@ -54,6 +54,9 @@ class FrameReader:
     def writable(self, min_size: int = 65536) -> memoryview:
         """Free space at the end of the receive buffer, as a writable
         memoryview; write into it, then ``commit`` the count."""
+    @property
+    def unfinished(self) -> int:
+        """Bytes still to come of a frame whose first bytes are in, else 0."""
     def commit(self, n: int) -> None:
         """``n`` bytes were written at the start of the last ``writable``."""
     def feed(self, data: Buffer) -> None:

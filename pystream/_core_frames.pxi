@@ -165,6 +165,15 @@ cdef class FrameReader:
         self.wend = self.r.wpos + want
         return memoryview(self.block)[self.r.wpos:self.wend]
 
+    @property
+    def unfinished(self):
+        """Bytes still to come of a frame whose first bytes are in, else 0:
+        the sender is in the middle of it (a broker writes a chunk's header,
+        then ``sendfile``s the rest), so they follow at once."""
+        if self.r.wpos == self.r.rpos:
+            return 0
+        return ps_reader_missing(&self.r)
+
     def commit(self, Py_ssize_t n):
         """``n`` bytes were written at the start of the last :meth:`writable`."""
         self.check_idle()

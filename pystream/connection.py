@@ -369,6 +369,18 @@ class Connection:
         reader.commit(n)
         self._last_read = time.monotonic()
         self._drain(reader)
+        if self.ssl_context is not None:
+            return  # the TLS layer takes no flags
+        # The rest of a frame begun is on its way (a broker writes a chunk's
+        # header, then sendfile()s its records): wait for it in one read,
+        # not a wake-up from poll and then a read.
+        while rest := reader.unfinished:
+            view = reader.writable()
+            n = sock.recv_into(view, min(rest, len(view)), socket.MSG_WAITALL)
+            if n == 0:
+                raise ConnectionLost(f"{self.address.uri()} closed the socket")
+            reader.commit(n)
+            self._drain(reader)
 
     def _read_failed(self, exc: BaseException) -> None:
         """End the connection after a read failed (in whichever thread

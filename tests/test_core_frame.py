@@ -87,6 +87,22 @@ def test_writable_ends_where_the_pending_frame_ends():
     assert r.next_frame() == big[4:]
 
 
+def test_unfinished_counts_what_a_begun_frame_lacks():
+    # What Connection waits for in one blocking read (MSG_WAITALL).
+    r = FrameReader()
+    assert r.unfinished == 0                # nothing begun: nothing owed
+    r.feed(b"\x00\x00")
+    assert r.unfinished == 2                # the rest of the size
+    r.feed(b"\x00\x05\x00\x08")
+    assert r.unfinished == 3
+    r.feed(b"\x00\x01\x07\x00")
+    assert r.next_frame() == b"\x00\x08\x00\x01\x07"
+    assert r.unfinished == 3                # the next frame's size begun
+    r.feed(b"\x00\x00\x04\x00\x08\x00\x01")
+    assert r.next_frame() == b"\x00\x08\x00\x01"
+    assert r.unfinished == 0
+
+
 def test_buffered_and_incomplete():
     r = FrameReader()
     r.feed(b"\x00\x00\x00\x05\x00\x08")
