@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from . import metrics
 from . import protocol as P
-from ._core import Chunk, StreamDecoder
+from ._core import StreamDecoder
 from .errors import (
     ConnectionClosed,
     ConnectionLost,
@@ -38,6 +38,7 @@ from .errors import (
 from .features import Features
 from .handshake import handshake
 from .readturn import ReadTurn
+from .routing import FrameRoutes, PublisherSink, SubscriptionSink
 from .tls import certificate_error
 from .uri import BrokerAddress
 
@@ -46,46 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pystream.connection")
 
-FrameHandler = Callable[[memoryview], None]
 _Answer = TypeVar("_Answer", bound=P.Command)
 
 
-class SubscriptionSink(Protocol):
-    """What the connection tells a subscription; called in the reader
-    thread, so it must not block (and must not make requests)."""
-
-    stream: str
-
-    def on_chunks(self, chunks: list[Chunk]) -> None: ...
-
-    def on_chunk_error(self, error: StreamError) -> None: ...
-
-    def on_consumer_update(self, correlation_id: int, active: bool) -> None: ...
-
-    def on_metadata_update(self, code: int) -> None: ...
-
-    def on_connection_closed(self, error: StreamError | None) -> None: ...
-
-
-class PublisherSink(Protocol):
-    """What the connection tells a publisher (in the reader thread)."""
-
-    stream: str
-
-    def on_confirm(self, frame: memoryview) -> None: ...
-
-    def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None: ...
-
-    def on_metadata_update(self, code: int) -> None: ...
-
-    def on_connection_closed(self, error: StreamError | None) -> None: ...
-
-# A read that brought many chunks hands them over in parts of this many
-# wire bytes, so the consumer starts on the first while the rest decode.
-DELIVER_BYTES = 1 << 20
-
-
-class Connection:
+class Connection(FrameRoutes):
     def __init__(self, address: BrokerAddress, *,
                  ssl_context: ssl.SSLContext | None = None,
                  frame_max: int = 1 << 20,
@@ -97,6 +62,7 @@ class Connection:
                  connection_name: str | None = None) -> None:
         if frame_max < 0 or heartbeat < 0:
             raise ValueError("frame_max and heartbeat must be >= 0")
+        super().__init__()
         self.address = address
         self.requested_frame_max = frame_max
         self.requested_heartbeat = heartbeat
@@ -122,13 +88,10 @@ class Connection:
         self._reader = StreamDecoder(frame_max)
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
-        self._sinks: dict[int, SubscriptionSink] = {}
-        self._publishers: dict[int, PublisherSink] = {}
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending: dict[int, Future[P.Command]] = {}
         self._next_corr = 1
-        self._handlers: dict[int, FrameHandler] = {}
         self._close_listeners: list[Callable[[StreamError | None], None]] = []
         self._tune: Future[P.Tune] = Future()
         self._error: StreamError | None = None
@@ -223,57 +186,6 @@ class Connection:
     def error(self) -> StreamError | None:
         """Why the connection ended, None while open or after close()."""
         return self._error
-
-    # --- frames ---------------------------------------------------------------
-
-    def on_frame(self, key: int, handler: FrameHandler) -> None:
-        """Route every frame with this key to ``handler`` (in the reader
-        thread; it must not block)."""
-        self._handlers[key] = handler
-
-    def add_subscription(self, sink: SubscriptionSink,
-                         **decode_options: Any) -> int:
-        """Give ``sink`` a free subscription id and decode its chunks with
-        ``decode_options`` (those of ``_core.decode``); the caller then sends
-        Subscribe with that id."""
-        with self._state_lock:
-            self._check_open()
-            free = next((i for i in range(256) if i not in self._sinks), None)
-            if free is None:
-                raise ValueError("this connection already has 256 "
-                                 "subscriptions")
-            self._reader.subscribe(free, **decode_options)
-            self._sinks[free] = sink
-        return free
-
-    def update_subscription(self, subscription_id: int,
-                            **decode_options: Any) -> None:
-        """Decode this subscription's next chunks with new options (a new
-        ``start_offset`` after a single-active-consumer switch)."""
-        self._reader.subscribe(subscription_id, **decode_options)
-
-    def remove_subscription(self, subscription_id: int) -> None:
-        with self._state_lock:
-            self._sinks.pop(subscription_id, None)
-            self._reader.unsubscribe(subscription_id)
-
-    @property
-    def subscription_count(self) -> int:
-        return len(self._sinks)
-
-    def add_publisher(self, sink: PublisherSink) -> int:
-        """Give ``sink`` a free publisher id; the caller then declares it."""
-        with self._state_lock:
-            self._check_open()
-            free = next((i for i in range(256) if i not in self._publishers), None)
-            if free is None:
-                raise ValueError("this connection already has 256 publishers")
-            self._publishers[free] = sink
-        return free
-
-    def remove_publisher(self, publisher_id: int) -> None:
-        with self._state_lock:
-            self._publishers.pop(publisher_id, None)
 
     def on_close(self, listener: Callable[[StreamError | None], None]) -> None:
         self._close_listeners.append(listener)
@@ -447,56 +359,6 @@ class Connection:
             raise ProtocolError(
                 f"{self.address.uri()} answered with TLS: use a "
                 f"rabbitmq-stream+tls:// URI")
-
-    def _drain(self, reader: StreamDecoder) -> None:
-        """Hand every complete frame in the buffer to its subscription or
-        handler.
-
-        Chunks go to their subscriptions together once the buffer is
-        drained (or ``DELIVER_BYTES`` of them are decoded), right before the
-        next ``recv``: the consumer wakes once per read, and finds the GIL
-        free instead of waking a second time when this thread lets go of
-        it. Anything else for a subscription comes after its chunks."""
-        chunks: list[Chunk] = []
-        pending = 0
-        try:
-            while True:
-                try:
-                    event = reader.next_event()
-                except StreamError as exc:
-                    if exc.subscription_id is None:
-                        raise  # the byte stream itself is broken
-                    self._deliver(chunks)
-                    sink = self._sinks.get(exc.subscription_id)
-                    if sink is not None:
-                        sink.on_chunk_error(exc)
-                    continue
-                if event is None:
-                    return
-                if isinstance(event, bytes):
-                    self._deliver(chunks)
-                    self._dispatch(memoryview(event))
-                else:
-                    chunks.append(event)
-                    pending += event.size
-                    if pending >= DELIVER_BYTES:
-                        self._deliver(chunks)
-                        pending = 0
-        finally:
-            self._deliver(chunks)
-
-    def _deliver(self, chunks: list[Chunk]) -> None:
-        """Each subscription's chunks of ``chunks``, in order; empties it."""
-        if not chunks:
-            return
-        by_sink: dict[int, list[Chunk]] = {}
-        for chunk in chunks:
-            by_sink.setdefault(chunk.subscription_id, []).append(chunk)
-        chunks.clear()
-        for subscription_id, mine in by_sink.items():
-            sink = self._sinks.get(subscription_id)
-            if sink is not None:
-                sink.on_chunks(mine)
 
     def _dispatch(self, frame: memoryview) -> None:
         key = P.frame_key(frame)
