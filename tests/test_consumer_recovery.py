@@ -8,6 +8,7 @@ names are in tests/leftovers.py, and `scripts/broker clean` deletes them."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import multiprocessing
 import os
 import threading
@@ -169,7 +170,7 @@ def test_rss_stays_flat_over_30m_records():
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
         peaks = pool.submit(read_peaks, MODERN_URI, name, total, 3).result(timeout=900)
-    rises = [(b - a) / 2**20 for a, b in zip(peaks, peaks[1:])]
+    rises = [(b - a) / 2**20 for a, b in itertools.pairwise(peaks)]
     print("peak RSS over records 9-10 M of each read: "
           + ", ".join(f"{p / 2**20:.1f}" for p in peaks) + " MiB")
     assert min(rises) < 8
