@@ -5,10 +5,19 @@
 # A receive block is one malloc'd region that socket reads land in.  Decoded
 # columns point into it (zero copy), holding a reference to the _Block object
 # through their Arrow buffers; when the last reference goes, the region returns
-# to a small pool and the next reader that needs room reuses it.
+# to a pool and the next reader that needs room reuses it.
+#
+# The pool holds as many blocks as a consumer's default credit keeps in
+# flight (64 chunks, 64 MiB): a consumer slower than the broker (a Spark
+# worker writing to the JVM) has that many alive at its peaks. With 16 slots,
+# the rest went back to malloc, which returned them to the system, and each
+# new block's pages faulted on the first recv into them: some 60 % of the page
+# faults and a third of the system time of a Spark read's Python worker.  The
+# pool never holds more than were alive at once (a block is only allocated
+# when none pooled fits), nor blocks of a size nobody asks for any more.
 
 cdef enum:
-    POOL_SLOTS = 16
+    POOL_SLOTS = 64
     POOL_BYTES = 64 * 1024 * 1024
     BLOCK_SIZE = 1024 * 1024
 
@@ -57,6 +66,11 @@ cdef _Block new_block(size_t need):
             pool_data[i] = pool_data[pool_len]
             pool_cap[i] = pool_cap[pool_len]
             return b
+    if pool_len:
+        # None fits: one too small makes room for the new one.
+        pool_len -= 1
+        pool_total -= pool_cap[pool_len]
+        free(pool_data[pool_len])
     cdef size_t cap = BLOCK_SIZE
     while cap < need:
         cap *= 2

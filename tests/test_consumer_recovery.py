@@ -118,8 +118,8 @@ def test_slow_application_keeps_memory_bounded():
         grown = peak - base
         print(f"RSS grew by {grown / 2**20:.1f} MiB with a {budget >> 20} MiB "
               f"budget after {rows} records")
-        # Budget, plus one chunk (1 MiB frame_max), plus the receive-block
-        # pool (16 MiB at most) and allocator slack.
+        # Budget, plus one chunk (1 MiB frame_max), plus allocator slack
+        # (pooled receive blocks are ones the budget held at one time).
         assert grown < budget + (1 << 20) + (24 << 20)
 
 
@@ -151,7 +151,8 @@ def test_rss_stays_flat_over_30m_records():
     read. State kept per record (0.8 bytes of it is 8 MiB per read) raises
     it every time; a high-water mark rises once: on a busy machine the
     consumer falls behind once, up to the credit budget, and the receive
-    blocks that took then stay pooled (16 of them, 16 MiB). So the smaller
+    blocks that took then stay pooled (as many as were alive at once, 64
+    MiB at most). So the smaller
     of the two rises is what a leak would show."""
     total = 10_000_000
     name = RSS_STREAM
