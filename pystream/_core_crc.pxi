@@ -34,7 +34,6 @@ cdef enum CrcState:
     CRC_POSTED      # a job waits for the worker
     CRC_RUNNING     # the worker computes it
     CRC_DONE        # its result waits for the poster
-    CRC_STOP        # the worker leaves
 
 cdef extern from "<unistd.h>" nogil:
     ctypedef int pid_t
@@ -54,11 +53,9 @@ cdef void crc_worker_loop(CrcWorker *w) noexcept nogil:
     cdef size_t n
     cdef uint32_t crc
     pthread_mutex_lock(&w.lock)
-    while True:
-        while w.state != CRC_POSTED and w.state != CRC_STOP:
+    while True:   # for the life of the process
+        while w.state != CRC_POSTED:
             pthread_cond_wait(&w.changed, &w.lock)
-        if w.state == CRC_STOP:
-            break
         w.state = CRC_RUNNING
         data = w.data
         n = w.n
@@ -68,13 +65,12 @@ cdef void crc_worker_loop(CrcWorker *w) noexcept nogil:
         w.crc = crc
         w.state = CRC_DONE
         pthread_cond_broadcast(&w.changed)
-    pthread_mutex_unlock(&w.lock)
 
 
 cdef class _CrcWorkerThread:
-    """A CRC worker, run without the GIL by a thread of Python's (one made
-    in C would bind the extension to glibc 2.34's pthread_create, past the
-    wheels' manylinux_2_31), which keeps it alive until it leaves."""
+    """A CRC worker, run without the GIL by a daemon thread of Python's (one
+    made in C would bind the extension to glibc 2.34's pthread_create, past
+    the wheels' manylinux_2_31), which keeps it alive."""
     cdef CrcWorker w
 
     def __cinit__(self):
@@ -98,30 +94,41 @@ cdef class _CrcWorkerThread:
         """Whether its thread runs in this process."""
         return self.w.pid == getpid()
 
-    cdef void stop(self):
-        with nogil:
-            pthread_mutex_lock(&self.w.lock)
-            self.w.state = CRC_STOP
-            pthread_cond_broadcast(&self.w.changed)
-            pthread_mutex_unlock(&self.w.lock)
+
+# One worker for the process, shared by every decoder: a large chunk's half
+# goes to it when it is free, and is checked in the reading thread otherwise.
+cdef _CrcWorkerThread crc_worker_thread = None
+cdef bint crc_worker_failed = False   # no thread could start: one core it is
 
 
-cdef _CrcWorkerThread crc_worker_start():
-    """A running worker, or None if no thread can start (the CRC then runs
-    on one core, as for small chunks)."""
-    worker = _CrcWorkerThread()
-    try:
-        threading.Thread(target=worker._run, name="pystream-crc", daemon=True).start()
-    except RuntimeError:
-        return None
-    return worker
+cdef CrcWorker *crc_worker() except? NULL:
+    """The process's running worker, started on first use; NULL if no thread
+    can start (the CRC then runs on one core, as for small chunks)."""
+    global crc_worker_thread, crc_worker_failed
+    if crc_worker_thread is not None and not crc_worker_thread.ours():
+        # A child of fork() has the parent's worker, not its thread.
+        crc_worker_thread = None
+        crc_worker_failed = False
+    if crc_worker_thread is None and not crc_worker_failed:
+        worker = _CrcWorkerThread()
+        try:
+            threading.Thread(target=worker._run, name="pystream-crc",
+                             daemon=True).start()
+            crc_worker_thread = worker
+        except RuntimeError:
+            crc_worker_failed = True
+    return &crc_worker_thread.w if crc_worker_thread is not None else NULL
 
 
 cdef uint32_t crc32_split(CrcWorker *w, const uint8_t *data, size_t n) noexcept nogil:
-    """The CRC-32 of data, its second half checked by the worker."""
+    """The CRC-32 of data, its second half checked by the worker if no other
+    decoder's half is on it."""
     cdef size_t half = n // 2
     cdef uint32_t first, second
     pthread_mutex_lock(&w.lock)
+    if w.state != CRC_IDLE:
+        pthread_mutex_unlock(&w.lock)
+        return ps_crc32(0, data, n)
     w.data = data + half
     w.n = n - half
     w.state = CRC_POSTED

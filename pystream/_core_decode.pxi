@@ -255,8 +255,9 @@ cdef class Chunk:
 
 cdef int chunk_decode(CrcWorker *w, const ps_chunk *c, ps_batch *b,
                       ps_error *err) noexcept nogil:
-    """ps_chunk_decode, with the CRC of a large chunk on two cores."""
-    if w == NULL or not b.opt.crc or c.data_len < SPLIT_CRC_BYTES:
+    """ps_chunk_decode, with the CRC on two cores given a worker (a chunk
+    whose CRC is worth splitting)."""
+    if w == NULL:
         return ps_chunk_decode(c, b, err)
     cdef int rc = ps_chunk_check_crc(c, crc32_split(w, c.data, c.data_len), err)
     return rc if rc != PS_OK else ps_chunk_decode_records(c, b, err)
@@ -273,15 +274,9 @@ cdef class StreamDecoder(FrameReader):
     into the receive buffer, which stays alive (and out of reuse) while they do.
     """
     cdef dict subs
-    cdef _CrcWorkerThread crc_worker  # started by the first large chunk to check
-    cdef bint crc_worker_failed      # no thread could start: one core it is
 
     def __init__(self, max_frame_size=1048576):
         self.subs = {}
-
-    def __dealloc__(self):
-        if self.crc_worker is not None and self.crc_worker.ours():
-            self.crc_worker.stop()
 
     def subscribe(self, int subscription_id, *, crc=True, amqp=True,
                   start_offset=0, columns=None, body="view",
@@ -296,14 +291,6 @@ cdef class StreamDecoder(FrameReader):
         opts = _Options(crc, amqp, start_offset, columns, body, error_policy,
                         max_subbatch_size, max_chunk_size)
         self.subs[subscription_id] = _Builder(opts)
-
-    cdef check_crc_worker(self):
-        """Start the CRC worker if there is none in this process."""
-        if self.crc_worker is not None and not self.crc_worker.ours():
-            self.crc_worker = None
-        if self.crc_worker is None and not self.crc_worker_failed:
-            self.crc_worker = crc_worker_start()
-            self.crc_worker_failed = self.crc_worker is None
 
     def unsubscribe(self, int subscription_id):
         """Stop decoding this subscription's chunks (a no-op if unknown)."""
@@ -335,10 +322,10 @@ cdef class StreamDecoder(FrameReader):
         try:
             if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
                 raise_error(&err)
-            if c.data_len >= SPLIT_CRC_BYTES and builder.b.opt.crc:
-                self.check_crc_worker()
+            worker = NULL
+            if builder.b.opt.crc and c.data_len >= SPLIT_CRC_BYTES:
+                worker = crc_worker()
             self.busy = True
-            worker = &self.crc_worker.w if self.crc_worker is not None else NULL
             if n >= NOGIL_FRAME:
                 with nogil:
                     clock_gettime(CLOCK_MONOTONIC, &t0)

@@ -276,12 +276,42 @@ def test_stream_decoder_splits_large_chunk_crc(records):
         assert e.value.position == fed * len(frame) + 4 + 5 + 32   # its CRC field
     d.feed(frame)                            # and the decoder goes on
     assert d.next_event().num_records == records
-    assert len(_crc_workers()) == 1          # one worker, which leaves with it
-    del d
-    deadline = time.monotonic() + 10
-    while _crc_workers() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not _crc_workers()
+    other = StreamDecoder(max_frame_size=0)  # another connection's
+    other.subscribe(0)
+    other.feed(frame)
+    assert other.next_event().num_records == records
+    assert len(_crc_workers()) == 1          # one worker for the process
+
+
+def test_decoders_share_the_crc_worker_from_several_threads():
+    """Decoders in several threads post to the one worker, or check the
+    whole CRC themselves while it has another's half: every chunk is
+    checked right, a flipped byte caught, whoever checks it."""
+    bodies = [b"s" * 1000] * 300
+    frame = deliver(chunk([simple_entry(amqp_data(b)) for b in bodies]))
+    bad = bytearray(frame)
+    bad[len(frame) * 3 // 4] ^= 0x01
+    results: list[tuple[int, int]] = []
+
+    def decode_many() -> None:
+        d = StreamDecoder(max_frame_size=0)
+        d.subscribe(0)
+        good = caught = 0
+        for i in range(60):
+            d.feed(bytes(bad) if i % 3 == 0 else frame)
+            try:
+                good += d.next_event().num_records == 300
+            except CorruptChunk:
+                caught += 1
+        results.append((good, caught))
+
+    threads = [threading.Thread(target=decode_many) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [(40, 20)] * 3
+    assert len(_crc_workers()) == 1
 
 
 def _crc_workers() -> list[threading.Thread]:
@@ -289,9 +319,8 @@ def _crc_workers() -> list[threading.Thread]:
 
 
 def test_stream_decoder_after_fork():
-    """A child of fork() has the decoder but not its CRC worker's thread:
-    it checks large chunks with a worker of its own and frees the decoder
-    without waiting for the parent's."""
+    """A child of fork() has the decoder and the CRC worker but not the
+    worker's thread: it checks large chunks with a worker of its own."""
     frame = deliver(chunk([simple_entry(amqp_data(b"f" * 1000))] * 300))
     d = StreamDecoder(max_frame_size=0)
     d.subscribe(0)
