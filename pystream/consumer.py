@@ -209,15 +209,15 @@ class Consumer(Subscriptions):
             if self._copy_bodies:  # the rows left, off the receive buffer
                 batch, start = binary_bodies(batch.slice(start)), 0
             offsets = batch.column(0).to_numpy()
-            taken = 0
+            row = start - 1  # the last row yielded: the application has it
             try:
                 for row in range(start, batch.num_rows):
                     sub.position = int(offsets[row]) + 1
-                    taken += 1     # the application has it once yielded
                     yield Message(batch, row)
             finally:
                 # Also when the application stops early (closing the
                 # generator): what it took is handed, the rest stays queued.
+                taken = row + 1 - start
                 sends: list[tuple[Subscription, int]] = []
                 with self._cond:
                     if taken and self._queue and self._queue[0] is item:
