@@ -234,21 +234,19 @@ def spark_cases(args):
                 .option("minPartitions", 4)
                 .option("endingOffsets", json.dumps({args.stream: n})).load())
 
-    def warm(df) -> None:
+    def no_io(n: int):
+        return spark.read.format("ceiling").option("rows", n).load()
+
+    def measured(frame, n: int) -> dict:
         # An untimed query of the same kind first: right after the write,
         # the read's Python workers took 0.44 s of CPU per M records against
         # 0.17 after another read (2026-11-23), as if started afresh.
-        df.agg(F.count("*")).first()
+        frame(WARM_ROWS).agg(F.count("*")).first()
+        return query(frame(n), n)
 
-    def read(n: int) -> dict:
-        warm(source(WARM_ROWS))
-        return query(source(n), n)
-
-    def ceiling(n: int) -> dict:
-        warm(spark.read.format("ceiling").option("rows", WARM_ROWS).load())
-        return query(spark.read.format("ceiling").option("rows", n).load(), n)
-
-    return spark, {"spark-write": write, "spark-read": read, "python-ceiling": ceiling}
+    return spark, {"spark-write": write,
+                   "spark-read": lambda n: measured(source, n),
+                   "python-ceiling": lambda n: measured(no_io, n)}
 
 
 def summary(runs: list[dict]) -> dict | None:

@@ -272,27 +272,26 @@ class Connection(FrameRoutes):
 
     def _read_once(self, sock: socket.socket, reader: StreamDecoder,
                    first: bool = False) -> None:
-        view = reader.writable()
-        n = sock.recv_into(view)
-        if n == 0:
-            raise ConnectionLost(f"{self.address.uri()} closed the socket")
-        if first:
-            self._check_not_tls(view[:n])
-        reader.commit(n)
-        self._last_read = time.monotonic()
-        self._drain(reader)
-        if self.ssl_context is not None:
-            return  # the TLS layer takes no flags
-        # The rest of a frame begun is on its way (a broker writes a chunk's
-        # header, then sendfile()s its records): wait for it in one read,
-        # not a wake-up from poll and then a read.
-        while rest := reader.unfinished:
-            view = reader.writable()
-            n = sock.recv_into(view, min(rest, len(view)), socket.MSG_WAITALL)
+        size = flags = 0  # whatever is there
+        while True:
+            view = reader.writable()  # room for all of a begun frame
+            n = sock.recv_into(view, size, flags)
             if n == 0:
                 raise ConnectionLost(f"{self.address.uri()} closed the socket")
+            if first:
+                self._check_not_tls(view[:n])
+                first = False
             reader.commit(n)
+            self._last_read = time.monotonic()
             self._drain(reader)
+            # The rest of a frame begun is on its way (a broker writes a
+            # chunk's header, then sendfile()s its records): wait for it in
+            # one read, not a wake-up from poll and then a read. The TLS
+            # layer takes no flags.
+            size = reader.unfinished
+            if not size or self.ssl_context is not None:
+                return
+            flags = socket.MSG_WAITALL
 
     def _read_failed(self, exc: BaseException) -> None:
         """End the connection after a read failed (in whichever thread
