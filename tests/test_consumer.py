@@ -16,7 +16,8 @@ from pystream import Credit, Filter
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 
 from .conftest import MODERN_URI
-from .publishers import amqp091_url, amqp_message, declare_stream_amqp091, publish
+from .publishers import (amqp091_url, amqp_message, declare_stream_amqp091,
+                         publish, publish_rstream)
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -262,9 +263,11 @@ def test_chunks_past_frame_max_do_not_stall_credit(client, stream, credit):
     assert max(sizes) > 1 << 20
 
 
-def test_manual_credit(client, stream):
-    for _i in range(3):  # three publishes, three chunks
-        publish(client, stream, [amqp_message(b"x")] * 10)
+def test_manual_credit(client, uri, stream):
+    # Three chunks of ten. Each is one sub-entry: the broker writes a Publish
+    # frame's messages one by one and may cut them into several chunks.
+    for _i in range(3):
+        publish_rstream(uri, stream, [("sub-none", [amqp_message(b"x")] * 10)])
     with client.consumer(stream, offset="first",
                          credit=Credit.manual(1)) as consumer:
         assert consumer.read(100, timeout=1.0).num_rows == 10

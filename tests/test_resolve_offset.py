@@ -33,8 +33,10 @@ def first_received(client, stream: str, offset, *, filter=None) -> int | None:
 
 
 def publish_chunks(client, stream: str, sizes: list[int], **options) -> list[dt.datetime]:
-    """One confirmed batch (one chunk, as nothing else writes) per size;
-    the time before each."""
+    """One confirmed batch per size, each one sub-entry and so one chunk
+    (the broker may cut a plain Publish frame's messages into several); the
+    time before each."""
+    options.setdefault("compression", "none")
     times = []
     with client.producer(stream, **options) as producer:
         for i, n in enumerate(sizes):
