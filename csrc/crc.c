@@ -48,24 +48,43 @@ static uint32_t crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
     return crc32_gzip_refl(0xFFFFFFFFu, rest, (uint64_t)(128 + n));
 }
 
-static int have_fold256(void)
+/* cpu_crc bits: VPCLMULQDQ with AVX2 (the folding above can run) and the
+ * AVX-512 subsets ISA-L's wide variant asks for (it then folds 512 bits at
+ * a time, about twice the speed of the folding above). */
+enum { FOLD256_RUNS = 1, ISAL_WIDE = 2 };
+
+static int cpu_crc(void)
 {
-    static int have = -1;
-    if (have < 0) {
+    static int cpu = -1;
+    if (cpu < 0) {
         __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq");
+        int clmul = __builtin_cpu_supports("vpclmulqdq");
+        cpu = (clmul && __builtin_cpu_supports("avx2") ? FOLD256_RUNS : 0)
+            | (clmul && __builtin_cpu_supports("avx512f")
+               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")
+               && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd")
+               ? ISAL_WIDE : 0);
     }
-    return have;
+    return cpu;
 }
 #endif
 
 uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
 {
 #ifdef PS_CRC_FOLD256
-    if (n >= FOLD_MIN && have_fold256())
+    if (n >= FOLD_MIN && cpu_crc() == FOLD256_RUNS)
         return crc32_fold256(crc, p, n);
 #endif
     /* ISA-L's gzip variant applies zlib's pre/post inversion itself */
+    return crc32_gzip_refl(crc, p, (uint64_t)n);
+}
+
+uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
+{
+#ifdef PS_CRC_FOLD256
+    if (n >= FOLD_MIN && (cpu_crc() & FOLD256_RUNS))
+        return crc32_fold256(crc, p, n);
+#endif
     return crc32_gzip_refl(crc, p, (uint64_t)n);
 }
 

@@ -1,33 +1,49 @@
 # Included by _core.pyx: CRC-32, and the CRC of large chunks on two cores.
 #
-# A thread that reads a 1 KiB-message stream spends about a fifth of its
-# time in the chunks' CRC (bench/results/profiles), at the memory's speed:
-# nothing makes one core's CRC faster. A second thread checks the second
-# half of a large chunk meanwhile and the halves combine (ps_crc32_combine).
+# A large chunk's CRC runs at the memory's speed (some 20 GB/s when it has
+# left the cache): nothing makes one core's CRC faster. A second thread
+# checks the second half of a large chunk meanwhile and the halves combine
+# (ps_crc32_combine).
 # The reading thread never waits on a worker that has not started: it then
 # checks that half itself, so a busy machine costs one lock round, no more.
 
 import threading
 
 
-def crc32(data, value=0):
-    """CRC-32 of ``data`` (any bytes-like), continuing from ``value``:
-    the same result as :func:`zlib.crc32`."""
+ctypedef uint32_t (*crc32_fn)(uint32_t, const uint8_t *, size_t) noexcept nogil
+
+
+cdef uint32_t crc32_of(crc32_fn fn, data, value) except? 0:
     cdef Py_buffer view
     cdef uint32_t crc = <uint32_t>(value & 0xFFFFFFFF)
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         with nogil:
-            crc = ps_crc32(crc, <const uint8_t *>view.buf, <size_t>view.len)
+            crc = fn(crc, <const uint8_t *>view.buf, <size_t>view.len)
     finally:
         PyBuffer_Release(&view)
     return crc
 
 
+def crc32(data, value=0):
+    """CRC-32 of ``data`` (any bytes-like), continuing from ``value``:
+    the same result as :func:`zlib.crc32`."""
+    return crc32_of(ps_crc32, data, value)
+
+
+def _crc32_fold256(data, value=0):
+    """``crc32`` by the 256-bit folding on any CPU that can run it, even one
+    where ``crc32`` takes ISA-L's wider folding (for the tests)."""
+    return crc32_of(ps_crc32_fold256, data, value)
+
+
 cdef enum:
-    # Below this a chunk's CRC takes under ~25 us, about what waking the
-    # worker costs.
-    SPLIT_CRC_BYTES = 256 * 1024
+    # Below this a chunk's CRC takes under 40 us from cache (ISA-L's AVX-512
+    # folding; 100 us from memory, 20 GB/s), a few times what handing a half
+    # to the worker costs in locks, wake-ups and switches: on two cores
+    # shared with the broker, splitting smaller chunks costs more CPU than
+    # it saves time.
+    SPLIT_CRC_BYTES = 2 * 1024 * 1024
 
 cdef enum CrcState:
     CRC_IDLE        # no job

@@ -16,8 +16,7 @@ from pystream import Credit, Filter
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 
 from .conftest import MODERN_URI
-from .publishers import (amqp091_url, amqp_message, declare_stream_amqp091,
-                         publish, publish_rstream)
+from .publishers import amqp091_url, amqp_message, declare_stream_amqp091, publish, publish_rstream
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
