@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import metrics
 from . import protocol as P
 from .connection import Connection
 from .errors import (
@@ -68,6 +69,10 @@ class Admin:
             # Switching TLS on here would keep the plain port (5552).
             raise ValueError("ssl_context needs a rabbitmq-stream+tls:// URI "
                              "(default port 5551)")
+        # The metric instruments, made once per process: here rather than
+        # in a first consumer's or producer's work (importing the
+        # OpenTelemetry API takes some 6 ms).
+        metrics.instruments()
         self.address = address
         self._options = options
         self._closed = False

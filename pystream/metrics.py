@@ -240,8 +240,8 @@ _making = threading.Lock()
 
 def instruments() -> _Instruments | None:
     """The instruments on the chosen meter provider; None without
-    opentelemetry-api. Made on first use, so that importing pystream does
-    not import OpenTelemetry."""
+    opentelemetry-api. Made when the first client connects, so that
+    importing pystream does not import OpenTelemetry."""
     global _instruments, _ready
     if not _ready:
         with _making:

@@ -185,7 +185,6 @@ class Producer:
         self._last_sent = 0            # last id this producer sent
         self.last_publishing_id = 0    # ... or the broker had for its name
         self._stats = metrics.publisher_stats(client.address, stream)
-        metrics.instruments()
         self._connect()
         if name is not None:
             self.last_publishing_id = client.query_publisher_sequence(stream, name)

@@ -206,7 +206,6 @@ class Subscriptions:
         self._ended = False     # no more chunks will come (see _end)
         self._wakers: list[Callable[[], None]] = []
         self._maintenance = threading.Event()
-        metrics.instruments()
 
     def _start_subscriptions(self, streams: list[str]) -> None:
         for s in streams:
