@@ -59,6 +59,39 @@ int ps_deliver_parse(const uint8_t *f, size_t len, uint64_t pos, ps_chunk *c,
     return PS_OK;
 }
 
+void ps_crc_ahead_advance(ps_crc_ahead *a, const uint8_t *f, size_t have, uint64_t pos)
+{
+    if (have < 5 || ps_be16(f) != PS_KEY_DELIVER)
+        return;
+    size_t h = ps_be16(f + 2) == 2 ? 13 : 5;
+    if (have < h + CHUNK_HEADER)
+        return;
+    if (a->pos != pos) {
+        a->pos = pos;
+        a->done = 0;
+        a->crc = 0;
+    }
+    uint32_t data_len = ps_be32(f + h + 36);
+    size_t in = have - h - CHUNK_HEADER;
+    if (in > data_len)          /* a frame longer than its header says */
+        in = data_len;
+    if (in > a->done) {
+        a->crc = ps_crc32(a->crc, f + h + CHUNK_HEADER + a->done, in - a->done);
+        a->done = (uint32_t)in;
+    }
+}
+
+uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n)
+{
+    int ours = a->pos == c->pos && a->done <= c->data_len;
+    *n = ours ? a->done : 0;
+    uint32_t crc = ours ? a->crc : 0;
+    a->pos = 0;                 /* no frame's: they start after a size */
+    a->done = 0;
+    a->crc = 0;
+    return crc;
+}
+
 /* Stream position of byte p of the chunk's entries. */
 static uint64_t at(const ps_chunk *c, const uint8_t *p)
 {

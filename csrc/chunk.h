@@ -54,6 +54,28 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err);
 int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err);
 int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err);
 
+/* The CRC-32 of a chunk's entries, begun while its Deliver frame is still
+ * arriving: a reader that checks each newly received piece at once reads
+ * it from the cache (1 KiB records come in chunks of some 8 MB, which by
+ * their end have left it, and the CRC runs at half the speed from memory). */
+typedef struct ps_crc_ahead {
+    uint64_t pos;               /* stream position of the frame followed;
+                                 * 0 (no frame's, they follow a size): none */
+    uint32_t done;              /* bytes of its entries in crc */
+    uint32_t crc;
+} ps_crc_ahead;
+
+/* Continue a's CRC over the entries in [frame, frame+have), the beginning
+ * of a Deliver frame at stream position pos (a different frame than the
+ * one followed starts afresh). A header not yet whole, or not a Deliver
+ * header, leaves it as it is: ps_deliver_parse reports what is wrong. */
+void ps_crc_ahead_advance(ps_crc_ahead *a, const uint8_t *frame, size_t have,
+                          uint64_t pos);
+
+/* Of the complete chunk c, the first n bytes of the entries (n = 0 when a
+ * followed another frame) and their CRC-32 from a; a then follows none. */
+uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n);
+
 /* Decode every size-prefixed Deliver frame in [p, p+n) into the batch;
  * positions in errors are offsets into p. */
 int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b, ps_error *err);

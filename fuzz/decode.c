@@ -8,7 +8,9 @@
  * the Deliver exception is exercised), fed in pieces of 1 to 64 bytes.
  * After a successful decode every binary view must lie inside its buffer.
  * The CRC-32 of the input, split where its first byte says, must combine
- * from its two halves (the stream decoder's two-core check). */
+ * from its two halves (the stream decoder's two-core check), and a Deliver
+ * frame's CRC begun piece by piece as the reader got them must finish as
+ * its entries' CRC. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -24,11 +26,28 @@ static void check_crc_combine(const uint8_t *data, size_t size, uint8_t mode)
         abort();
 }
 
+/* A Deliver frame's CRC begun as its pieces came in (ps_crc_ahead), then
+ * finished, is the CRC of its entries. */
+static void check_crc_ahead(ps_crc_ahead *a, const uint8_t *frame, uint32_t len,
+                            uint64_t pos)
+{
+    ps_chunk c;
+    ps_error err;
+    uint32_t done;
+    if (len < 2 || ps_frame_key(frame) != PS_KEY_DELIVER ||
+        ps_deliver_parse(frame, len, pos, &c, &err) != PS_OK)
+        return;
+    uint32_t crc = ps_crc_ahead_take(a, &c, &done);
+    if (ps_crc32(crc, c.data + done, c.data_len - done) != ps_crc32(0, c.data, c.data_len))
+        abort();
+}
+
 static void read_frames(const uint8_t *data, size_t size, uint8_t mode)
 {
     uint8_t *buf = malloc(size ? size : 1);
     ps_reader r = {.buf = buf, .cap = size, .max_frame = 64,
                    .max_deliver = (mode & 1) ? 4096 : 0};
+    ps_crc_ahead ahead = {0};
     size_t fed = 0, step = 1 + mode % 64;
     while (fed < size) {
         size_t n = size - fed < step ? size - fed : step;
@@ -41,11 +60,16 @@ static void read_frames(const uint8_t *data, size_t size, uint8_t mode)
         uint32_t len;
         ps_error err;
         int rc;
-        while ((rc = ps_reader_next(&r, &frame, &len, &err)) == PS_OK)
+        while ((rc = ps_reader_next(&r, &frame, &len, &err)) == PS_OK) {
             if (frame < buf || frame + len > buf + r.wpos)
                 abort();
+            check_crc_ahead(&ahead, frame, len, r.consumed - len);
+        }
         if (rc != PS_NEED_MORE)
             break;
+        if (r.wpos - r.rpos > 4)    /* a frame begun: as the stream decoder does */
+            ps_crc_ahead_advance(&ahead, buf + r.rpos + 4, r.wpos - r.rpos - 4,
+                                 r.consumed + 4);
     }
     free(buf);
 }

@@ -253,14 +253,22 @@ cdef class Chunk:
                 f"rows={self.batch.num_rows}, size={self.size})")
 
 
-cdef int chunk_decode(CrcWorker *w, const ps_chunk *c, ps_batch *b,
-                      ps_error *err) noexcept nogil:
-    """ps_chunk_decode, with the CRC on two cores given a worker (a chunk
-    whose CRC is worth splitting)."""
-    if w == NULL:
-        return ps_chunk_decode(c, b, err)
-    cdef int rc = ps_chunk_check_crc(c, crc32_split(w, c.data, c.data_len), err)
-    return rc if rc != PS_OK else ps_chunk_decode_records(c, b, err)
+cdef int chunk_decode(CrcWorker *w, const ps_chunk *c, ps_batch *b, uint32_t crc,
+                      uint32_t done, ps_error *err) noexcept nogil:
+    """ps_chunk_decode, the CRC continued from that of the entries' first
+    ``done`` bytes (checked as they arrived), the rest on two cores given a
+    worker (a rest whose CRC is worth splitting)."""
+    cdef size_t rest = c.data_len - done
+    cdef int rc
+    if b.opt.crc:
+        if w != NULL:
+            crc = ps_crc32_combine(crc, crc32_split(w, c.data + done, rest), rest)
+        else:
+            crc = ps_crc32(crc, c.data + done, rest)
+        rc = ps_chunk_check_crc(c, crc, err)
+        if rc != PS_OK:
+            return rc
+    return ps_chunk_decode_records(c, b, err)
 
 
 cdef class StreamDecoder(FrameReader):
@@ -274,6 +282,7 @@ cdef class StreamDecoder(FrameReader):
     into the receive buffer, which stays alive (and out of reuse) while they do.
     """
     cdef dict subs
+    cdef ps_crc_ahead ahead   # zeroed by Cython: following no frame
 
     def __init__(self, max_frame_size=1048576):
         self.subs = {}
@@ -296,6 +305,20 @@ cdef class StreamDecoder(FrameReader):
         """Stop decoding this subscription's chunks (a no-op if unknown)."""
         self.subs.pop(subscription_id, None)
 
+    cdef int check_arriving(self) except -1:
+        """Continue the CRC of the entries of the incomplete frame buffered,
+        if it is a Deliver frame of a subscription that checks CRCs: the
+        bytes just received are still in the cache (see ps_crc_ahead)."""
+        cdef size_t have = self.r.wpos - self.r.rpos
+        cdef const uint8_t *f = self.r.buf + self.r.rpos + 4
+        cdef _Builder builder
+        if have < 4 + 5 + 48 or ps_frame_key(f) != PS_KEY_DELIVER:
+            return 0
+        builder = self.subs.get(f[4])
+        if builder is not None and builder.b.opt.crc:
+            ps_crc_ahead_advance(&self.ahead, f, have - 4, self.r.consumed + 4)
+        return 0
+
     def next_event(self):
         """The next :class:`Chunk` or control frame (bytes), or ``None``."""
         cdef const uint8_t *frame
@@ -307,9 +330,11 @@ cdef class StreamDecoder(FrameReader):
         cdef uint64_t pos
         cdef timespec t0, t1
         cdef CrcWorker *worker
+        cdef uint32_t crc, done
         self.check_idle()
         rc = ps_reader_next(&self.r, &frame, &n, &err)
         if rc == PS_NEED_MORE:
+            self.check_arriving()
             return None
         if rc != PS_OK:
             raise_error(&err)
@@ -322,18 +347,19 @@ cdef class StreamDecoder(FrameReader):
         try:
             if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
                 raise_error(&err)
+            crc = ps_crc_ahead_take(&self.ahead, &c, &done)
             worker = NULL
-            if builder.b.opt.crc and c.data_len >= SPLIT_CRC_BYTES:
+            if builder.b.opt.crc and c.data_len - done >= SPLIT_CRC_BYTES:
                 worker = crc_worker()
             self.busy = True
             if n >= NOGIL_FRAME:
                 with nogil:
                     clock_gettime(CLOCK_MONOTONIC, &t0)
-                    rc = chunk_decode(worker, &c, &builder.b, &err)
+                    rc = chunk_decode(worker, &c, &builder.b, crc, done, &err)
                     clock_gettime(CLOCK_MONOTONIC, &t1)
             else:
                 clock_gettime(CLOCK_MONOTONIC, &t0)
-                rc = ps_chunk_decode(&c, &builder.b, &err)
+                rc = chunk_decode(NULL, &c, &builder.b, crc, done, &err)
                 clock_gettime(CLOCK_MONOTONIC, &t1)
             self.busy = False
             if rc != PS_OK:

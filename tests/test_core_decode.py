@@ -285,6 +285,61 @@ def test_stream_decoder_splits_large_chunk_crc(records):
     assert len(_crc_workers()) == 1          # one worker for the process
 
 
+def pieces(data: bytes, sizes=(1, 2, 13, 57, 4093, 65536, 300_000)):
+    """``data`` cut into pieces of the given sizes, round and round."""
+    at = 0
+    for size in itertools.cycle(sizes):
+        if at >= len(data):
+            return
+        yield data[at:at + size]
+        at += size
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_crc_checked_as_a_frame_arrives(version):
+    """Fed in pieces with next_event between them, as a connection reads,
+    a chunk's CRC is checked piece by piece as the bytes arrive, the rest at
+    the end (on two cores when it is large); zlib's CRC in the header is the
+    oracle. A flipped byte early, in the middle or last is caught, and a
+    subscription that does not check CRCs is not checked."""
+    bodies = [bytes([i & 0xFF]) * (1000 + i % 7) for i in range(3000)]
+    frame = deliver(chunk([simple_entry(amqp_data(b)) for b in bodies]), version=version)
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    d.subscribe(1, crc=False, amqp=False)
+
+    def fed(data: bytes, cut=pieces):
+        events = []
+        for piece in cut(data):
+            d.feed(piece)
+            while (e := d.next_event()) is not None:
+                events.append(e)
+        return events
+
+    def fed_then_whole(data: bytes):     # 100 kB in pieces, the rest at once:
+        return fed(data, lambda b: [*pieces(b[:100_000]), b[100_000:]])  # two cores
+
+    for feeding in (fed, fed_then_whole):
+        [e] = feeding(frame)
+        assert e.batch.column("body").to_pylist() == bodies
+    data_at = 4 + (13 if version == 2 else 5) + 48
+    position = len(frame) * 2
+    for flip in (data_at + 10, len(frame) // 2, len(frame) - 1):
+        bad = bytearray(frame)
+        bad[flip] ^= 0x01
+        for feeding in (fed, fed_then_whole):
+            with pytest.raises(CorruptChunk, match="CRC-32 mismatch") as e:
+                feeding(bytes(bad))
+            assert e.value.position == position + data_at - 16   # its CRC field
+            position += len(frame)
+        bad[4 + 4] = 1                                # subscription 1: no CRC
+        [e] = fed(bytes(bad))
+        assert e.num_records == 3000
+        position += len(frame)
+    [e] = fed(frame)                                  # and the decoder goes on
+    assert e.num_records == 3000
+
+
 def test_decoders_share_the_crc_worker_from_several_threads():
     """Decoders in several threads post to the one worker, or check the
     whole CRC themselves while it has another's half: every chunk is
