@@ -5,9 +5,11 @@
  *   wire consume HOST PORT USER PASS VHOST STREAM COUNT [WINDOW]
  *       Connect, then subscribe at "first" (credit 1 in Subscribe, WINDOW - 1
  *       in a Credit right after it, as pystream's consumer does; WINDOW 64,
- *       pystream's most), recv into one large buffer, walk frame sizes and chunk
- *       headers, count records, grant one credit per chunk received (once
- *       per recv), never look at the entries. Stops at offset COUNT.
+ *       pystream's most), recv into one large buffer (a chunk's records in
+ *       reads of up to 1 MiB that wait for all of it), walk frame sizes and
+ *       chunk headers, count records, grant one credit per chunk once all
+ *       of it is in (sent once per recv), never look at the entries. Stops
+ *       at offset COUNT.
  *   wire publish HOST PORT USER PASS VHOST STREAM COUNT BODY [IN_FLIGHT]
  *       Pre-encoded Publish frames (~1 MiB) of AMQP 1.0 messages (one data
  *       section of BODY bytes whose first 8 are a big-endian counter), only
@@ -47,6 +49,7 @@
 #define K_DECLARE_PUBLISHER 0x0001
 #define K_SUBSCRIBE 0x0007
 #define K_DELIVER 0x0008
+#define READ_SLICE ((size_t)1 << 20)
 #define K_CREDIT 0x0009
 #define K_PEER_PROPERTIES 0x0011
 #define K_SASL_HANDSHAKE 0x0012
@@ -337,6 +340,10 @@ static int cmd_consume(char **a, int n) {
     uint64_t records = 0, chunks = 0, chunk_bytes = 0, next_offset = 0;
     uint64_t rec_min = UINT64_MAX, rec_max = 0, recvs = 0;
     size_t skip = 0;   /* bytes of the current frame still to drop */
+    /* A chunk's credit goes back once all of it is in, as pystream's does:
+     * granted at its header, 1 M x 1 KiB read at 2.3-2.5 M msg/s against
+     * 2.7-2.9 here (interleaved, with the reads below). */
+    unsigned owed = 0;
     int subscribed = 0;
     double first_data = -1;   /* when the first chunk arrived, in the window */
     while (next_offset < count) {
@@ -344,9 +351,11 @@ static int cmd_consume(char **a, int n) {
         for (;;) {
             size_t avail = c.end - c.pos;
             if (skip) {
-                if (avail <= skip) { skip -= avail; c.pos = c.end; break; }
+                if (avail < skip) { skip -= avail; c.pos = c.end; break; }
                 c.pos += skip;
                 skip = 0;
+                credit += owed;     /* the chunk is all in */
+                owed = 0;
                 continue;
             }
             if (avail < 8) break;
@@ -359,7 +368,7 @@ static int cmd_consume(char **a, int n) {
                 const uint8_t *h = f + head;
                 if (h[0] != 0x50) die("bad chunk magic %#x", h[0]);
                 if (first_data < 0) first_data = now_s(CLOCK_MONOTONIC) - w.t0;
-                credit++;
+                owed++;
                 if (h[1] == 0) {
                     uint32_t recs = get32(h + 4);
                     records += recs;
@@ -390,7 +399,17 @@ static int cmd_consume(char **a, int n) {
             c.end -= c.pos;
             c.pos = 0;
         }
-        ssize_t got = recv(c.fd, c.buf + c.end, c.cap - c.end, 0);
+        /* Inside a chunk's records (the broker sendfile()s them right after
+         * the header): wait for up to 1 MiB of them in one read, as pystream
+         * does, not a wake-up and a read per segment train; else take
+         * whatever is there. */
+        size_t want = c.cap - c.end;
+        int flags = 0;
+        if (skip && c.pos == c.end) {
+            want = skip < READ_SLICE ? skip : READ_SLICE;
+            flags = MSG_WAITALL;
+        }
+        ssize_t got = recv(c.fd, c.buf + c.end, want, flags);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) die("the broker closed the socket");
         c.end += (size_t)got;
