@@ -10,7 +10,7 @@ What it measures
 For each rate in ``--rates`` (1 k, 10 k and 100 k msg/s) and each consumer in
 ``--only`` (wire, pystream, rbfly, rstream), one after another on the same
 broker (RabbitMQ 4.0, ``--uri``), taking turns within each of ``--repeat``
-(3) repetitions:
+(5) repetitions:
 
 1. The stream ``bench-latency`` is created afresh.
 2. The consumer starts in a fresh process, subscribes at offset "next" and
@@ -598,7 +598,9 @@ def parse_rates(text: str) -> list[int]:
 
 
 def main() -> None:
-    ap = harness.parser(__doc__, clients=CLIENTS, repeat=3, result="latency")
+    # Five: at 1 k and 10 k msg/s each run falls into one of two regimes of
+    # the broker's and the publisher's (docs/benchmarks.md, Latency).
+    ap = harness.parser(__doc__, clients=CLIENTS, repeat=5, result="latency")
     ap.set_defaults(stall=20)
     ap.add_argument("--rates", default="1000,10000,100000",
                     help="comma-separated publishing rates in msg/s")
