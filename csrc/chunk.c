@@ -3,7 +3,15 @@
 #include "frame.h"
 #include "wire.h"
 
-enum { CHUNK_HEADER = 48, MAGIC = 0x50, SUB_BATCH_HEADER = 11 };
+enum { CHUNK_HEADER = 48, MAGIC = 0x50, SUB_BATCH_HEADER = 11,
+       DATA_LEN_AT = 36 /* in the chunk header */ };
+
+/* Bytes of a Deliver frame before its chunk header: key, version,
+ * subscription id and, in version 2, the committed chunk id. */
+static size_t deliver_header(unsigned version)
+{
+    return version == 2 ? 13 : 5;
+}
 
 uint16_t ps_frame_key(const uint8_t *frame)
 {
@@ -21,14 +29,10 @@ int ps_deliver_parse(const uint8_t *f, size_t len, uint64_t pos, ps_chunk *c,
     if (ps_be16(f + 2) != 1 && ps_be16(f + 2) != 2)
         return ps_fail(err, PS_E_PROTOCOL, pos + 2, "unknown Deliver version");
     c->subscription_id = f[4];
-    size_t h = 5;
-    c->committed_chunk_id = 0;
-    if (c->version == 2) {
-        if (len < 13)
-            return ps_fail(err, PS_E_TRUNCATED_FRAME, pos, "Deliver frame shorter than its header");
-        c->committed_chunk_id = ps_be64(f + 5);
-        h = 13;
-    }
+    size_t h = deliver_header(c->version);
+    if (len < h)
+        return ps_fail(err, PS_E_TRUNCATED_FRAME, pos, "Deliver frame shorter than its header");
+    c->committed_chunk_id = c->version == 2 ? ps_be64(f + 5) : 0;
     if (len - h < CHUNK_HEADER)
         return ps_fail(err, PS_E_TRUNCATED_FRAME, pos + h, "Deliver frame ends inside the chunk header");
     const uint8_t *k = f + h;
@@ -46,11 +50,11 @@ int ps_deliver_parse(const uint8_t *f, size_t len, uint64_t pos, ps_chunk *c,
     c->epoch = ps_be64(k + 16);
     c->first_offset = ps_be64(k + 24);
     c->crc = ps_be32(k + 32);
-    c->data_len = ps_be32(k + 36);
+    c->data_len = ps_be32(k + DATA_LEN_AT);
     /* trailer and bloom filter are not sent to consumers: the entries fill
      * the rest of the frame exactly */
     if (c->data_len != len - h - CHUNK_HEADER)
-        return ps_fail(err, PS_E_CHUNK, pos + h + 36,
+        return ps_fail(err, PS_E_CHUNK, pos + h + DATA_LEN_AT,
                        c->data_len > len - h - CHUNK_HEADER
                            ? "chunk data length exceeds the frame"
                            : "chunk data length is shorter than the frame");
@@ -63,7 +67,7 @@ void ps_crc_ahead_advance(ps_crc_ahead *a, const uint8_t *f, size_t have, uint64
 {
     if (have < 5 || ps_be16(f) != PS_KEY_DELIVER)
         return;
-    size_t h = ps_be16(f + 2) == 2 ? 13 : 5;
+    size_t h = deliver_header(ps_be16(f + 2));
     if (have < h + CHUNK_HEADER)
         return;
     if (a->pos != pos) {
@@ -71,7 +75,7 @@ void ps_crc_ahead_advance(ps_crc_ahead *a, const uint8_t *f, size_t have, uint64
         a->done = 0;
         a->crc = 0;
     }
-    uint32_t data_len = ps_be32(f + h + 36);
+    uint32_t data_len = ps_be32(f + h + DATA_LEN_AT);
     size_t in = have - h - CHUNK_HEADER;
     if (in > data_len)          /* a frame longer than its header says */
         in = data_len;
@@ -95,7 +99,7 @@ uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n)
 /* Stream position of byte p of the chunk's entries. */
 static uint64_t at(const ps_chunk *c, const uint8_t *p)
 {
-    return c->pos + (uint64_t)(p - c->data) + (c->version == 2 ? 13 : 5) + CHUNK_HEADER;
+    return c->pos + (uint64_t)(p - c->data) + deliver_header(c->version) + CHUNK_HEADER;
 }
 
 typedef struct entry {

@@ -9,6 +9,11 @@
 #define PS_CRC_FOLD256 1
 #endif
 
+/* cpu_crc() bits: VPCLMULQDQ with AVX2 (crc32_fold256 can run) and the
+ * AVX-512 subsets ISA-L's wide variant asks for (it then folds 512 bits at
+ * a time, about twice the speed of crc32_fold256). */
+enum { FOLD256_RUNS = 1, ISAL_WIDE = 2 };
+
 #ifdef PS_CRC_FOLD256
 /* ISA-L folds 16 bytes per carry-less multiply but its wider variant needs
  * AVX-512; CPUs with VPCLMULQDQ and only AVX2 (AMD Zen 3) fold 32 here.
@@ -48,11 +53,6 @@ static uint32_t crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
     return crc32_gzip_refl(0xFFFFFFFFu, rest, (uint64_t)(128 + n));
 }
 
-/* cpu_crc bits: VPCLMULQDQ with AVX2 (the folding above can run) and the
- * AVX-512 subsets ISA-L's wide variant asks for (it then folds 512 bits at
- * a time, about twice the speed of the folding above). */
-enum { FOLD256_RUNS = 1, ISAL_WIDE = 2 };
-
 static int cpu_crc(void)
 {
     static int cpu = -1;
@@ -67,25 +67,34 @@ static int cpu_crc(void)
     }
     return cpu;
 }
+#else
+static int cpu_crc(void)
+{
+    return 0;
+}
 #endif
 
-uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
+/* CRC-32 by the 256-bit folding if fold (and it can run), else ISA-L's. */
+static uint32_t crc32_by(int fold, uint32_t crc, const uint8_t *p, size_t n)
 {
 #ifdef PS_CRC_FOLD256
-    if (n >= FOLD_MIN && cpu_crc() == FOLD256_RUNS)
+    if (fold && n >= FOLD_MIN)
         return crc32_fold256(crc, p, n);
+#else
+    (void)fold;
 #endif
     /* ISA-L's gzip variant applies zlib's pre/post inversion itself */
     return crc32_gzip_refl(crc, p, (uint64_t)n);
 }
 
+uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
+{
+    return crc32_by(cpu_crc() == FOLD256_RUNS, crc, p, n);
+}
+
 uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
 {
-#ifdef PS_CRC_FOLD256
-    if (n >= FOLD_MIN && (cpu_crc() & FOLD256_RUNS))
-        return crc32_fold256(crc, p, n);
-#endif
-    return crc32_gzip_refl(crc, p, (uint64_t)n);
+    return crc32_by(cpu_crc() & FOLD256_RUNS, crc, p, n);
 }
 
 /* Polynomials over GF(2) modulo the CRC-32 polynomial, bit-reflected as the

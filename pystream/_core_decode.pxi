@@ -312,7 +312,7 @@ cdef class StreamDecoder(FrameReader):
         cdef size_t have = self.r.wpos - self.r.rpos
         cdef const uint8_t *f = self.r.buf + self.r.rpos + 4
         cdef _Builder builder
-        if have < 4 + 5 + 48 or ps_frame_key(f) != PS_KEY_DELIVER:
+        if have < 4 + 5 or ps_frame_key(f) != PS_KEY_DELIVER:   # no subscription id yet
             return 0
         builder = self.subs.get(f[4])
         if builder is not None and builder.b.opt.crc:

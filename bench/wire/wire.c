@@ -49,7 +49,6 @@
 #define K_DECLARE_PUBLISHER 0x0001
 #define K_SUBSCRIBE 0x0007
 #define K_DELIVER 0x0008
-#define READ_SLICE ((size_t)1 << 20)
 #define K_CREDIT 0x0009
 #define K_PEER_PROPERTIES 0x0011
 #define K_SASL_HANDSHAKE 0x0012
@@ -59,6 +58,7 @@
 #define K_CLOSE 0x0016
 #define RESPONSE 0x8000
 #define CHUNK_HEADER 48
+#define READ_SLICE ((size_t)1 << 20)   /* the most one read of a chunk's records takes */
 
 static void die(const char *fmt, ...) {
     va_list ap;
