@@ -256,7 +256,7 @@ def hook_costs(mode: str, uri: str) -> dict:
                  stats, HOOK_ENTRIES, HOOK_BYTES, 50_000)}
     if inst is not None:
         calls["chunk_size_record_us"] = lambda: inst.chunk_size.record(
-            HOOK_ENTRIES, stats.chunk_attributes)
+            HOOK_ENTRIES)
     out = {"chunk_entries": HOOK_ENTRIES, "clock": "thread CPU time, median of 15",
            "chunk_size_record_us": None, "collect_ms": None,
            **cpu_us({**calls, "batch_hook_us": batch_hook},

@@ -198,8 +198,9 @@ def otel_block() -> str:
                      f"{micro(sdk['chunk_size_record_us'])} µs"
                      + (f", {micro(sdk['chunk_size_record_cold_us'])} µs after the copy"
                         if "chunk_size_record_cold_us" in sdk else "")
-                     + " (it checks, copies and hashes the attributes of every value, "
-                     "and the API has no call for several values or for one value seen "
+                     + " (without attributes, as it records them; the SDK builds a "
+                     "measurement, asks the exemplar filter and locks the aggregation "
+                     "for each, and the API has no call for several values or for one value seen "
                      "n times)")
             if sdk.get("chunk_size_flush_us") is not None:
                 text += (f"; recorded by a collection among 2 000 held, "
