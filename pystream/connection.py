@@ -346,10 +346,14 @@ class Connection(FrameRoutes):
                 turn.give()
         return not self._closed.is_set()
 
-    def end_read(self) -> None:
-        """Give back the turn ``read_until`` kept, if this thread has it."""
+    def end_read(self, lend: bool = False) -> None:
+        """Give back the turn ``read_until`` kept, if this thread has it;
+        or ``lend`` it, to read on soon (``ReadTurn.lend``)."""
         if self._turn is not None:
-            self._turn.give()
+            if lend:
+                self._turn.lend()
+            else:
+                self._turn.give()
 
     def interrupt_read(self) -> None:
         """Stop an application thread's ``read_until`` (its consumer ended

@@ -11,10 +11,13 @@ batch), so heartbeats, answers and chunks keep flowing.
 
 One thread at a time holds the turn. The reader thread polls the socket and
 a wake-up pipe, so that an application thread wanting the turn can take it
-from a reader idle in ``poll``; the holder gives it back once done. The
-reader thread only leaves its loop while holding the turn, so no
-application thread reads a descriptor it closed (the connection's close
-rules).
+from a reader idle in ``poll``; the holder gives it back once done. An
+application thread that has its batch lends the turn instead (``lend``):
+back within ``LEND_SECONDS``, as one iterating a stream mostly is, it
+reads on with no thread woken on either side; later, the reader thread
+takes the turn and reads meanwhile. The reader thread only leaves its loop
+while holding the turn, so no application thread reads a descriptor it
+closed (the connection's close rules).
 """
 
 from __future__ import annotations
@@ -22,8 +25,13 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 
 _POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
+#: How long an application thread that lent the turn keeps it from the
+#: reader thread: handing the turn over and back costs three thread
+#: wake-ups, each one a scheduling delay on a busy machine.
+LEND_SECONDS = 0.001
 
 
 class ReadTurn:
@@ -41,16 +49,28 @@ class ReadTurn:
         self._fd = fd
         self.wanted = 0          # application threads waiting for the turn
         self._holder: int | None = None  # thread ident holding it
+        self._lent_until: float | None = None  # the holder stepped away (lend)
         self._ended = False      # the reader thread left: nobody reads again
 
     # --- the reader thread -------------------------------------------------------
 
     def reader_take(self) -> None:
-        """Wait until no application thread wants the turn, and take it."""
+        """Wait until no application thread wants the turn, and take it
+        (from one that lent it once the loan is over)."""
         with self._cond:
             while self.wanted or self._holder is not None:
-                self._cond.wait()
-            self._holder = threading.get_ident()
+                if self.wanted or self._lent_until is None:
+                    self._cond.wait()
+                    continue
+                left = self._lent_until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._take()
+
+    def _take(self) -> None:
+        self._holder = threading.get_ident()
+        self._lent_until = None
 
     def give(self) -> None:
         """Give the turn back if this thread holds it (the reader thread
@@ -59,6 +79,16 @@ class ReadTurn:
         with self._cond:
             if self._holder == threading.get_ident():
                 self._holder = None
+                self._lent_until = None
+                self._cond.notify_all()
+
+    def lend(self) -> None:
+        """Keep the turn for ``LEND_SECONDS`` without reading (an
+        application thread that has its batch), then let the reader thread
+        take it; a no-op for a thread that holds it no longer."""
+        with self._cond:
+            if self._holder == threading.get_ident():
+                self._lent_until = time.monotonic() + LEND_SECONDS
                 self._cond.notify_all()
 
     def end(self) -> None:
@@ -69,8 +99,11 @@ class ReadTurn:
             self._holder = None
             self._cond.notify_all()
             # An application thread may have taken the turn on the way out:
-            # the socket is shut down, so it gives it back at once.
-            self._cond.wait_for(lambda: self._holder is None)
+            # the socket is shut down, so it gives it back at once (or it
+            # lent it, and reads no more until it takes it again).
+            self._cond.wait_for(lambda: self._holder is None
+                                or self._lent_until is not None)
+            self._holder = self._lent_until = None
             os.close(self._wake_r)
             os.close(self._wake_w)
 
@@ -83,17 +116,20 @@ class ReadTurn:
         with self._cond:
             if self._ended:
                 return False
-            if self._holder == threading.get_ident():
-                return True  # kept since its last read
+            if self._holder == threading.get_ident() or (
+                    self._lent_until is not None):
+                self._take()  # kept since its last read, or lent by a thread away
+                return True
             self.wanted += 1
             try:
                 if self._holder is not None:
                     self._wake()
-                self._cond.wait_for(
-                    lambda: self._holder is None or self._ended, timeout)
-                free = self._holder is None and not self._gone()
+                self._cond.wait_for(lambda: self._holder is None or self._ended
+                                    or self._lent_until is not None, timeout)
+                free = (self._holder is None or self._lent_until is not None
+                        ) and not self._gone()
                 if free:
-                    self._holder = threading.get_ident()
+                    self._take()
                 return free
             finally:
                 self.wanted -= 1

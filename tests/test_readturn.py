@@ -1,0 +1,95 @@
+"""The turn to read a connection's socket (``pystream.readturn``): an
+application thread that lends it reads on with no thread woken; the reader
+thread takes a loan over once it has lasted ``LEND_SECONDS``."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+from pystream import readturn
+from pystream.readturn import ReadTurn
+
+
+def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float]) -> None:
+    """What ``Connection._read_loop`` does with the turn, the reads left out."""
+    while not stop.is_set():
+        turn.reader_take()
+        turns.append(time.monotonic())
+        try:
+            while not turn.wanted and not stop.is_set():
+                turn.poll(0.05)
+        finally:
+            turn.give()
+
+
+def test_a_lent_turn_comes_back_without_waking_the_reader():
+    a, b = socket.socketpair()
+    turn = ReadTurn(a.fileno())
+    stop, turns = threading.Event(), []
+    assert turn.app_take(1)  # before the reader thread starts: free
+    reader = threading.Thread(target=reader_loop, args=(turn, stop, turns))
+    reader.start()
+    try:
+        for _ in range(50):  # a batch handed, the next asked for at once
+            turn.lend()
+            assert turn.app_take(1)
+        assert not turns  # the reader thread never had it
+        # and nobody wrote to its wake-up pipe
+        assert not select.select([turn._wake_r], [], [], 0)[0]
+
+        lent = time.monotonic()
+        turn.lend()  # the application stays away: the reader takes over
+        deadline = lent + 5
+        while not turns and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert turns and turns[0] - lent >= readturn.LEND_SECONDS
+
+        assert turn.app_take(5)  # back from the reader thread, woken from poll
+        b.send(b"x")
+        assert turn.poll(1) is True
+        turn.give()
+    finally:
+        stop.set()
+        reader.join(5)
+        turn.end()
+        a.close()
+        b.close()
+    assert not reader.is_alive()
+
+
+def test_another_thread_takes_a_turn_lent_by_one_gone():
+    a, b = socket.socketpair()
+    turn = ReadTurn(a.fileno())
+    assert turn.app_take(1)
+    turn.lend()
+    took: list[bool] = []
+
+    def other() -> None:
+        took.append(turn.app_take(1))
+        turn.give()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(5)
+    assert took == [True]
+    turn.give()  # no longer this thread's: a no-op
+    turn.end()
+    a.close()
+    b.close()
+
+
+def test_end_does_not_wait_for_a_thread_that_lent_the_turn():
+    a, b = socket.socketpair()
+    turn = ReadTurn(a.fileno())
+    assert turn.app_take(1)
+    turn.lend()
+    ended = threading.Thread(target=turn.end)
+    ended.start()
+    ended.join(5)
+    assert not ended.is_alive()
+    assert turn.app_take(0.1) is False  # nobody reads after the end
+    a.close()
+    b.close()
