@@ -79,8 +79,9 @@ class Consumer(Subscriptions):
         the consumer (default 300).
     ``read_while_waiting``
         A thread waiting for the next batch reads the socket itself (default
-        True; one stream on a connection of its own, plain TCP): a wake-up
-        less per batch, for latency. False leaves reading and decoding to
+        True; one stream on a connection of its own, plain TCP), and keeps
+        the turn to read for a millisecond after each batch: no thread
+        wake-up per batch, for latency. False leaves reading and decoding to
         the connection's reader thread, where it overlaps with the
         application's work on the previous batch: faster for bulk reads
         that do work per batch (``read_range`` sets it).
