@@ -346,14 +346,11 @@ class Connection(FrameRoutes):
                 turn.give()
         return not self._closed.is_set()
 
-    def end_read(self, lend: bool = False) -> None:
-        """Give back the turn ``read_until`` kept, if this thread has it;
-        or ``lend`` it, to read on soon (``ReadTurn.lend``)."""
+    def end_read(self) -> None:
+        """Lend the turn ``read_until`` kept, if this thread has it: it reads
+        on if back soon, else the reader thread takes over (``ReadTurn.lend``)."""
         if self._turn is not None:
-            if lend:
-                self._turn.lend()
-            else:
-                self._turn.give()
+            self._turn.lend()
 
     def interrupt_read(self) -> None:
         """Stop an application thread's ``read_until`` (its consumer ended

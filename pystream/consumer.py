@@ -204,7 +204,7 @@ class Consumer(Subscriptions):
                         return
                     self._filter(item)
             finally:
-                self._end_read(lend=True)
+                self._end_read()
             sub, batch, start = item.sub, item.batch, item.handed
             assert sub is not None and batch is not None
             if self._copy_bodies:  # the rows left, off the receive buffer
@@ -338,7 +338,7 @@ class Consumer(Subscriptions):
                             {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
                     return batch
         finally:
-            self._end_read(lend=True)
+            self._end_read()
 
     def _head(self, deadline: float | None) -> Queued | None:
         """The queue's first chunk, waiting for one until ``deadline``; None
@@ -386,14 +386,14 @@ class Consumer(Subscriptions):
         finally:
             self._cond.acquire()
 
-    def _end_read(self, lend: bool = False) -> None:
+    def _end_read(self) -> None:
         """Let the reader threads read again once the data this thread read
-        for itself (``_read_while_waiting``) was handed over: at once, or
-        unless this thread comes back for more within moments (``lend``)."""
+        for itself (``_read_while_waiting``) was handed over, unless this
+        thread comes back for more within moments (``Connection.end_read``)."""
         conn = getattr(self._read_on, "conn", None)
         if conn is not None:
             self._read_on.conn = None
-            conn.end_read(lend)
+            conn.end_read()
 
     def _filter(self, item: Queued) -> None:
         if not item.filtered:

@@ -72,6 +72,10 @@ class ReadTurn:
         self._holder = threading.get_ident()
         self._lent_until = None
 
+    def _free(self) -> bool:
+        """Nobody reads: no holder, or one that lent the turn."""
+        return self._holder is None or self._lent_until is not None
+
     def give(self) -> None:
         """Give the turn back if this thread holds it (the reader thread
         after its reads, an application thread once it has what it read;
@@ -101,8 +105,7 @@ class ReadTurn:
             # An application thread may have taken the turn on the way out:
             # the socket is shut down, so it gives it back at once (or it
             # lent it, and reads no more until it takes it again).
-            self._cond.wait_for(lambda: self._holder is None
-                                or self._lent_until is not None)
+            self._cond.wait_for(self._free)
             self._holder = self._lent_until = None
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -116,18 +119,15 @@ class ReadTurn:
         with self._cond:
             if self._ended:
                 return False
-            if self._holder == threading.get_ident() or (
-                    self._lent_until is not None):
+            if self._holder == threading.get_ident() or self._lent_until is not None:
                 self._take()  # kept since its last read, or lent by a thread away
                 return True
             self.wanted += 1
             try:
                 if self._holder is not None:
                     self._wake()
-                self._cond.wait_for(lambda: self._holder is None or self._ended
-                                    or self._lent_until is not None, timeout)
-                free = (self._holder is None or self._lent_until is not None
-                        ) and not self._gone()
+                self._cond.wait_for(lambda: self._free() or self._ended, timeout)
+                free = self._free() and not self._gone()
                 if free:
                     self._take()
                 return free
