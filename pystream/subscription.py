@@ -472,6 +472,8 @@ class Subscriptions:
                 self._end(exc, after_queue=True)
                 return delay
             with self._cond:
+                if not sub.live:  # broken again already: the next round
+                    continue
                 self._broken_subs.discard(sub)
                 if not self._broken_subs:
                     self._broken_since = None
