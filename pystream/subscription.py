@@ -222,6 +222,11 @@ class Subscriptions:
 
     def _chunks_arrived(self, sub: Subscription, chunks: list[Chunk]) -> None:
         """Queue what one read brought: one lock and one wake-up for all."""
+        # Counted before the application can take them (it need not wait
+        # for the notify to find the queue): its metrics then include them.
+        for chunk in chunks:
+            metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
+                                   chunk.decode_ns)
         n = 0
         with self._cond:
             if not sub.live or not sub.active:
@@ -234,13 +239,8 @@ class Subscriptions:
                 self._queue.append(Queued(sub, chunk))
             sub.last_arrival = time.monotonic()
             self._notify()
-        # Credit first: the histogram value the metrics hook records with an
-        # SDK takes microseconds the broker need not wait for.
         if n:
             self._send_credit(sub, n)
-        for chunk in chunks:
-            metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
-                                   chunk.decode_ns)
 
     def _notify(self) -> None:
         self._cond.notify_all()
