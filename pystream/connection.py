@@ -31,6 +31,7 @@ from .errors import (
     ConnectionClosed,
     ConnectionLost,
     ProtocolError,
+    ReadInterrupted,
     RequestTimeout,
     StreamError,
     error_for_code,
@@ -263,6 +264,10 @@ class Connection(FrameRoutes):
                     continue
                 turn.reader_take()
                 try:
+                    if turn.torn:
+                        raise ReadInterrupted(
+                            f"a read from {self.address.uri()} was interrupted "
+                            f"(KeyboardInterrupt or a signal handler's exception)")
                     while not turn.wanted:
                         if turn.poll(None):
                             self._read_once(sock, reader, first)
@@ -321,33 +326,50 @@ class Connection(FrameRoutes):
         ``timeout`` seconds pass or the connection ends. False if this
         connection cannot be read here (TLS) or ended: wait as usual.
 
-        Once ``done()``, this thread keeps the turn until ``end_read()``:
-        the reader thread, woken then, would compete with it for a core and
-        the GIL while it hands the data over."""
+        Once ``done()``, this thread lends the turn (``ReadTurn.lend``)
+        rather than give it back: the reader thread, woken then, would
+        compete with it for a core and the GIL while it hands the data
+        over. It never leaves holding the turn outright, whatever exception
+        goes through."""
         turn, sock = self._turn, self._sock
-        if turn is None or sock is None:
+        if turn is None or sock is None or turn.torn:
             return False
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not turn.app_take(timeout):
-            return not self._closed.is_set()
-        kept = False
+        lend = False
         try:
+            if not turn.app_take(timeout):
+                return not self._closed.is_set()
             while not done() and not self._closed.is_set():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
                 if turn.poll(left):
-                    self._read_once(sock, self._reader)
-            kept = done() and not self._closed.is_set()
+                    try:
+                        self._read_once(sock, self._reader)
+                    except Exception:
+                        raise
+                    except BaseException:
+                        # An interrupt (KeyboardInterrupt, a signal handler's
+                        # exception) amid a read: bytes or a chunk taken off
+                        # the socket may be lost. The reader thread, which no
+                        # signal interrupts, ends the connection and so
+                        # rewinds its consumers (ReadInterrupted). A store, no
+                        # call: a second interrupt cannot come in between.
+                        turn.torn = True
+                        raise
+            lend = done() and not self._closed.is_set()
         except Exception as exc:
             self._read_failed(exc)
         finally:
-            if not kept:
+            if lend:
+                turn.lend()
+            else:
                 turn.give()
         return not self._closed.is_set()
 
     def end_read(self) -> None:
-        """Lend the turn ``read_until`` kept, if this thread has it: it reads
+        """Lend the turn ``read_until`` lent afresh, if this thread has it
+        (its data handed over): it reads
         on if back soon, else the reader thread takes over (``ReadTurn.lend``)."""
         if self._turn is not None:
             self._turn.lend()

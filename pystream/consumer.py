@@ -182,14 +182,21 @@ class Consumer(Subscriptions):
         deadline = None if timeout is None else time.monotonic() + timeout
         parts: list[pa.RecordBatch] = []
         rows = 0
-        while rows < max_rows:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            batch = self._next_batch(left, max_rows - rows)
-            if batch is None:
-                break
-            parts.append(batch)
-            rows += batch.num_rows
-        return pa.Table.from_batches(parts, schema=self.schema)
+        taken: dict[Subscription, int | None] = {}
+        try:
+            while rows < max_rows:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                batch = self._next_batch(left, max_rows - rows, taken)
+                if batch is None:
+                    break
+                parts.append(batch)
+                rows += batch.num_rows
+            return pa.Table.from_batches(parts, schema=self.schema)
+        except BaseException:
+            # What it took goes back with the error (see _next_batch).
+            self._unreturned = taken | self._unreturned
+            self._take_back()
+            raise
 
     def messages(self, timeout: float | None = None) -> Iterator[Message]:
         """Record by record (``Message`` views); convenient, not fast. The
@@ -197,6 +204,7 @@ class Consumer(Subscriptions):
         once all its records were taken."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self._take_back()
             try:
                 with self._cond:
                     item = self._head(deadline)
@@ -296,6 +304,8 @@ class Consumer(Subscriptions):
             if self._closed:
                 return
             self._closed = True
+            for sub, position in self._unreturned.items():  # for the store
+                sub.position = position
             subs = list(self._subs.values())
             for sub in subs:
                 sub.live = False
@@ -314,31 +324,59 @@ class Consumer(Subscriptions):
 
     # --- taking from the queue ------------------------------------------------
 
-    def _next_batch(self, timeout: float | None,
-                    max_rows: int | None = None) -> pa.RecordBatch | None:
+    def _next_batch(self, timeout: float | None, max_rows: int | None = None,
+                    taken: dict[Subscription, int | None] | None = None,
+                    ) -> pa.RecordBatch | None:
+        """The next batch; ``taken`` learns where the first take of each
+        subscription began (where ``read`` rewinds to)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            self._take_back()
             while True:
                 sends: list[tuple[Subscription, int]] = []
-                with self._cond:
-                    item = self._head(deadline)
-                    if item is None:
-                        return None
-                    parts = self._take(item, sends, max_rows)
-                for sub, n in sends:
-                    self._send_credit(sub, n)
-                if parts:
-                    # Joined outside the lock: the reader threads queue meanwhile.
-                    batch = (parts[0] if len(parts) == 1 else
-                             pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
-                    if self._copy_bodies:
-                        batch = binary_bodies(batch)
-                    if self.super_stream is not None:
-                        batch = batch.replace_schema_metadata(
-                            {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
-                    return batch
+                began: dict[Subscription, int | None] = {}
+                # An exception past the take (a KeyboardInterrupt the
+                # application catches) would lose the rows: they go back,
+                # recorded first with no call in between (an interrupt
+                # lands at calls), rewound at once or on the next call.
+                try:
+                    with self._cond:
+                        item = self._head(deadline)
+                        if item is None:
+                            return None
+                        assert item.sub is not None
+                        began[item.sub] = self._next_offset(item)
+                        parts = self._take(item, sends, max_rows)
+                    for sub, n in sends:
+                        self._send_credit(sub, n)
+                    if parts:
+                        # Joined outside the lock: the reader threads queue meanwhile.
+                        batch = (parts[0] if len(parts) == 1 else
+                                 pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
+                        if self._copy_bodies:
+                            batch = binary_bodies(batch)
+                        if self.super_stream is not None:
+                            batch = batch.replace_schema_metadata(
+                                {b"stream": item.sub.stream.encode()})
+                        if taken is not None:
+                            for sub, offset in began.items():
+                                taken.setdefault(sub, offset)
+                        return batch
+                except BaseException:
+                    self._unreturned = began | self._unreturned
+                    self._take_back()
+                    raise
         finally:
             self._end_read()
+
+    @staticmethod
+    def _next_offset(item: Queued) -> int | None:
+        """The offset of the queue head's next record for the application:
+        its subscription's position, or (nothing handed yet) the chunk's
+        first."""
+        sub, chunk = item.sub, item.chunk
+        assert sub is not None and chunk is not None
+        return sub.position if sub.position is not None else chunk.first_offset
 
     def _head(self, deadline: float | None) -> Queued | None:
         """The queue's first chunk, waiting for one until ``deadline``; None
@@ -392,17 +430,17 @@ class Consumer(Subscriptions):
         thread comes back for more within moments (``Connection.end_read``)."""
         conn = getattr(self._read_on, "conn", None)
         if conn is not None:
+            conn.end_read()  # first: interrupted between, it lends again
             self._read_on.conn = None
-            conn.end_read()
 
     def _filter(self, item: Queued) -> None:
         if not item.filtered:
-            item.filtered = True
             if self.filter is not None and self.filter.post_filter is not None:
                 assert item.sub is not None and item.batch is not None  # not the end marker
                 rows = item.batch.num_rows
                 item.batch = self.filter.apply(item.batch)
                 item.sub.stats.filtered += rows - item.batch.num_rows
+            item.filtered = True  # after: an interrupted filter runs again
 
     def _take(self, item: Queued, sends: list[tuple[Subscription, int]],
               max_rows: int | None) -> list[pa.RecordBatch]:

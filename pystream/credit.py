@@ -173,6 +173,12 @@ class CreditController:
         """Queued bytes discarded without reaching the application."""
         self.queued_bytes = max(0, self.queued_bytes - size)
 
+    def emptied(self) -> None:
+        """Everything queued was dropped, to be read again from an earlier
+        offset."""
+        self.queued_bytes = 0
+        self.received = None
+
     def handed(self, size: int, fraction_before: float,
                fraction_after: float) -> int:
         """Records of a queued chunk went to the application: the share of

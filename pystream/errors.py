@@ -33,6 +33,15 @@ class ConnectionLost(StreamError):
     broker stayed away longer than the recovery timeout."""
 
 
+class ReadInterrupted(ConnectionLost):
+    """A ``KeyboardInterrupt`` (or another exception raised by a signal
+    handler) stopped this thread's read of a connection halfway: what that
+    read took off the socket may be lost, so the connection ends, and the
+    consumers on it take back what they queued and resubscribe from the
+    application's position. Raised to no one: the interrupt itself goes on
+    up."""
+
+
 class CertificateVerificationError(StreamError):
     """The broker's TLS certificate did not verify (an untrusted CA, or a
     host name it does not list). Reconnecting cannot cure it, so consumers

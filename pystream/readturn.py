@@ -32,6 +32,8 @@ _POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
 #: reader thread: handing the turn over and back costs three thread
 #: wake-ups, each one a scheduling delay on a busy machine.
 LEND_SECONDS = 0.001
+#: How often a waiting reader thread looks again without a notify.
+MISSED_WAKEUP_SECONDS = 0.05
 
 
 class ReadTurn:
@@ -51,6 +53,9 @@ class ReadTurn:
         self._holder: int | None = None  # thread ident holding it
         self._lent_until: float | None = None  # the holder stepped away (lend)
         self._ended = False      # the reader thread left: nobody reads again
+        # An application thread's read was interrupted halfway: the reader
+        # thread takes the turn whoever holds it, and ends the connection.
+        self.torn = False
 
     # --- the reader thread -------------------------------------------------------
 
@@ -58,9 +63,12 @@ class ReadTurn:
         """Wait until no application thread wants the turn, and take it
         (from one that lent it once the loan is over)."""
         with self._cond:
-            while self.wanted or self._holder is not None:
+            while (self.wanted or self._holder is not None) and not self.torn:
                 if self.wanted or self._lent_until is None:
-                    self._cond.wait()
+                    # Timed: an interrupt in an application thread (a
+                    # KeyboardInterrupt it catches) may skip a notify, or
+                    # tear a read and leave it holding the turn.
+                    self._cond.wait(MISSED_WAKEUP_SECONDS)
                     continue
                 left = self._lent_until - time.monotonic()
                 if left <= 0:

@@ -28,6 +28,7 @@ from .errors import (
     ConnectionClosed,
     ConnectionLost,
     NoOffset,
+    ReadInterrupted,
     StreamDoesNotExist,
     StreamError,
     next_retry_delay,
@@ -88,6 +89,7 @@ class Subscription:
         self.last_arrival = 0.0             # monotonic time of the last chunk
         self.broken_at: float | None = None  # when it failed, and why
         self.cause = ""
+        self.rewinds = 0                    # taken back by Subscriptions._rewind
         self.stats = metrics.consumer_stats(consumer.client.address, stream,
                                             consumer.name)
         metrics.watch_subscription(self)
@@ -162,6 +164,8 @@ class Subscription:
     def on_connection_closed(self, error: StreamError | None) -> None:
         if error is None:  # closed on purpose (client.close())
             self.consumer._end(None, after_queue=True)
+        elif isinstance(error, ReadInterrupted):  # a chunk read may be lost
+            self.consumer._rewind({self: self.position}, "interrupted")
         elif isinstance(error, (ConnectionLost, ConnectionClosed)):
             self.consumer._broken(self, "connection_closed"
                                   if isinstance(error, ConnectionClosed)
@@ -201,6 +205,9 @@ class Subscriptions:
         self._queue: deque[Queued] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()
+        # Where subscriptions go back to for rows an interrupt kept from the
+        # application (see Consumer._next_batch); cleared once rewound.
+        self._unreturned: dict[Subscription, int | None] = {}
         self._broken_since: float | None = None
         self._closed = False
         self._ended = False     # no more chunks will come (see _end)
@@ -287,13 +294,48 @@ class Subscriptions:
         with self._cond:
             if not sub.live or self._closed:
                 return
-            sub.live = False
-            if sub.broken_at is None:
-                sub.broken_at, sub.cause = time.monotonic(), cause
-            self._broken_subs.add(sub)
-            if self._broken_since is None:
-                self._broken_since = time.monotonic()
-            self._interrupt_reads()
+            self._break(sub, cause)
+        self._maintenance.set()
+
+    def _break(self, sub: Subscription, cause: str) -> None:
+        """Under the lock: no more chunks for ``sub`` until the maintenance
+        thread resubscribes it."""
+        sub.live = False
+        if sub.broken_at is None:
+            sub.broken_at, sub.cause = time.monotonic(), cause
+        self._broken_subs.add(sub)
+        if self._broken_since is None:
+            self._broken_since = time.monotonic()
+        self._interrupt_reads()
+
+    def _take_back(self) -> None:
+        """Rewind to ``_unreturned``, and only then forget it: an interrupt
+        in between leaves it for the next call (rewinding is idempotent)."""
+        if self._unreturned:
+            self._rewind(self._unreturned, "interrupted")
+            self._unreturned = {}
+
+    def _rewind(self, positions: dict[Subscription, int | None], cause: str) -> None:
+        """Take back what the application never got: an exception escaped
+        between a take and its return, or stopped a read halfway (a
+        ``KeyboardInterrupt`` the application catches and reads on). Each
+        subscription goes back to its position in ``positions``, drops what
+        it queued, and resubscribes from there; nothing is lost or doubled."""
+        with self._cond:
+            if self._closed or self._ended:
+                return
+            for sub, position in positions.items():
+                if position is None:  # nothing handed yet: from what came
+                    position = next((q.chunk.first_offset for q in self._queue
+                                     if q.sub is sub and q.chunk is not None), None)
+                sub.position, sub.received = position, None
+                sub.rewinds += 1
+                kept = [q for q in self._queue if q.sub is not sub]
+                self._queue.clear()
+                self._queue.extend(kept)
+                sub.credit.emptied()
+                if sub.live or sub not in self._broken_subs:
+                    self._break(sub, cause)
         self._maintenance.set()
 
     # --- subscribing ------------------------------------------------------------
@@ -314,7 +356,8 @@ class Subscriptions:
 
     def _subscribe(self, sub: Subscription) -> None:
         """Subscribe ``sub`` on a connection to a node holding its stream."""
-        spec = sub.resume_spec()
+        with self._cond:
+            spec, rewinds = sub.resume_spec(), sub.rewinds
         endpoint = self.client.locate(sub.stream)
         conn = self.client.pool.acquire(endpoint)
         try:
@@ -325,9 +368,15 @@ class Subscriptions:
             self.client.pool.release(conn)
             raise
         with self._cond:
-            sub.connection, sub.subscription_id = conn, sub_id
-            sub.live = True
-            now, after = subscribe_credit(sub.credit.start())
+            stale = sub.rewinds != rewinds
+            if not stale:
+                sub.connection, sub.subscription_id = conn, sub_id
+                sub.live = True
+                now, after = subscribe_credit(sub.credit.start())
+        if stale:  # rewound meanwhile (_rewind): the next attempt starts there
+            conn.remove_subscription(sub_id)
+            self.client.pool.release(conn)
+            raise ConnectionLost(f"{sub.stream!r} was rewound while resubscribing")
         try:
             conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
                                                now, self._properties()),
@@ -442,13 +491,10 @@ class Subscriptions:
                 self._refresh_partitions()
 
     def _release(self, sub: Subscription) -> None:
-        """Drop a broken subscription's connection (no Unsubscribe: the
-        broker already forgot it)."""
-        with self._cond:
-            conn, sub.connection = sub.connection, None
-        if conn is not None:
-            conn.remove_subscription(sub.subscription_id)
-            self.client.pool.release(conn)
+        """Drop a broken subscription's connection. The broker forgot the
+        subscription when its connection or stream went, not when it was
+        rewound: then the Unsubscribe stops its deliveries."""
+        self._unsubscribe(sub)
 
     def _recover(self, broken: list[Subscription], delay: float) -> float:
         """One attempt at every broken subscription; the next delay."""
@@ -472,7 +518,7 @@ class Subscriptions:
                 self._end(exc, after_queue=True)
                 return delay
             with self._cond:
-                if not sub.live:  # broken again already: the next round
+                if not sub.live:  # broken again already (or rewound): next round
                     continue
                 self._broken_subs.discard(sub)
                 if not self._broken_subs:

@@ -1,6 +1,7 @@
 """The turn to read a connection's socket (``pystream.readturn``): an
 application thread that lends it reads on with no thread woken; the reader
-thread takes a loan over once it has lasted ``LEND_SECONDS``."""
+thread takes a loan over once it has lasted ``LEND_SECONDS``, and a torn
+turn whoever holds it."""
 
 from __future__ import annotations
 
@@ -93,3 +94,32 @@ def test_end_does_not_wait_for_a_thread_that_lent_the_turn():
     assert turn.app_take(0.1) is False  # nobody reads after the end
     a.close()
     b.close()
+
+
+def test_a_torn_turn_goes_to_the_reader_whoever_holds_it():
+    """An application thread interrupted amid a read marks the turn torn
+    and may leave without giving it back (a second interrupt): the reader
+    thread takes it anyway, within ``MISSED_WAKEUP_SECONDS``, to end the
+    connection."""
+    a, b = socket.socketpair()
+    turn = ReadTurn(a.fileno())
+    stop, turns = threading.Event(), []
+    assert turn.app_take(1)
+    reader = threading.Thread(target=reader_loop, args=(turn, stop, turns))
+    reader.start()
+    try:
+        time.sleep(0.1)
+        assert not turns  # held, neither given nor lent
+        torn = time.monotonic()
+        turn.torn = True  # no notify: what an interrupted thread may leave
+        deadline = torn + 5
+        while not turns and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert turns and turns[0] - torn < readturn.MISSED_WAKEUP_SECONDS + 0.5
+    finally:
+        stop.set()
+        reader.join(5)
+        turn.end()
+        a.close()
+        b.close()
+    assert not reader.is_alive()
