@@ -15,7 +15,10 @@ from a reader idle in ``poll``; the holder gives it back once done. An
 application thread that has its batch lends the turn instead (``lend``):
 back within ``LEND_SECONDS``, as one iterating a stream mostly is, it
 reads on with no thread woken on either side; later, the reader thread
-takes the turn and reads meanwhile. The reader thread only leaves its loop
+takes the turn and reads meanwhile. An application thread whose read an
+interrupt stopped halfway (a ``KeyboardInterrupt`` it catches) marks the
+turn ``torn``: the reader thread, which signals never interrupt, takes it
+whoever holds it and ends the connection. The reader thread only leaves its loop
 while holding the turn, so no application thread reads a descriptor it
 closed (the connection's close rules).
 """
