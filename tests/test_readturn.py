@@ -5,10 +5,12 @@ turn whoever holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 from pystream import readturn
 from pystream.readturn import ReadTurn
@@ -26,7 +28,10 @@ def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float]) -> No
             turn.give()
 
 
-def test_a_lent_turn_comes_back_without_waking_the_reader():
+@contextlib.contextmanager
+def held_with_reader() -> Iterator[tuple[ReadTurn, socket.socket, list[float]]]:
+    """A turn this thread holds, a reader thread waiting for it (recording
+    when it takes it) and the socket's other end; all gone afterwards."""
     a, b = socket.socketpair()
     turn = ReadTurn(a.fileno())
     stop, turns = threading.Event(), []
@@ -34,6 +39,18 @@ def test_a_lent_turn_comes_back_without_waking_the_reader():
     reader = threading.Thread(target=reader_loop, args=(turn, stop, turns))
     reader.start()
     try:
+        yield turn, b, turns
+    finally:
+        stop.set()
+        reader.join(5)
+        turn.end()
+        a.close()
+        b.close()
+    assert not reader.is_alive()
+
+
+def test_a_lent_turn_comes_back_without_waking_the_reader():
+    with held_with_reader() as (turn, b, turns):
         for _ in range(50):  # a batch handed, the next asked for at once
             turn.lend()
             assert turn.app_take(1)
@@ -52,13 +69,6 @@ def test_a_lent_turn_comes_back_without_waking_the_reader():
         b.send(b"x")
         assert turn.poll(1) is True
         turn.give()
-    finally:
-        stop.set()
-        reader.join(5)
-        turn.end()
-        a.close()
-        b.close()
-    assert not reader.is_alive()
 
 
 def test_another_thread_takes_a_turn_lent_by_one_gone():
@@ -101,13 +111,7 @@ def test_a_torn_turn_goes_to_the_reader_whoever_holds_it():
     and may leave without giving it back (a second interrupt): the reader
     thread takes it anyway, within ``MISSED_WAKEUP_SECONDS``, to end the
     connection."""
-    a, b = socket.socketpair()
-    turn = ReadTurn(a.fileno())
-    stop, turns = threading.Event(), []
-    assert turn.app_take(1)
-    reader = threading.Thread(target=reader_loop, args=(turn, stop, turns))
-    reader.start()
-    try:
+    with held_with_reader() as (turn, _, turns):
         time.sleep(0.1)
         assert not turns  # held, neither given nor lent
         torn = time.monotonic()
@@ -116,10 +120,3 @@ def test_a_torn_turn_goes_to_the_reader_whoever_holds_it():
         while not turns and time.monotonic() < deadline:
             time.sleep(0.001)
         assert turns and turns[0] - torn < readturn.MISSED_WAKEUP_SECONDS + 0.5
-    finally:
-        stop.set()
-        reader.join(5)
-        turn.end()
-        a.close()
-        b.close()
-    assert not reader.is_alive()
