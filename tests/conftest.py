@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -91,6 +92,13 @@ def local_spark() -> Any:
     session.conf.set("spark.sql.session.timeZone", "UTC")
     session.dataSource.register(RabbitMQStreamDataSource)
     return session
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` for a command a test stops with SIGINT: a shell that
+    started the tests in the background left SIGINT ignored, which the
+    command would inherit (and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_broker(*args: str, timeout: float = 600) -> str:

@@ -23,7 +23,7 @@ import pystream
 import pystream.ranges
 from pystream import cli
 
-from .conftest import EXTERNAL_URI, MANAGEMENT, MODERN_URI, TLS_PORT
+from .conftest import EXTERNAL_URI, MANAGEMENT, MODERN_URI, TLS_PORT, sigint_default
 
 LINES = [b"hello", b"", "caf\u00e9 \u2615".encode(), b"\xff\xfe not utf-8",
          b'{"n": 1}']
@@ -246,7 +246,7 @@ def test_tail_ctrl_c_exits_quietly(modern_stream):
     process = subprocess.Popen(
         [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI, "tail",
          modern_stream],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=sigint_default)
     try:
         assert process.stdout.readline().split()[0] == b"OFFSET"  # subscribed
         process.send_signal(signal.SIGINT)

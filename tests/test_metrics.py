@@ -27,7 +27,7 @@ from pystream import metrics
 from pystream.pool import Endpoint
 from pystream.uri import parse_uri
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, sigint_default
 from .test_client import Relay
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -328,7 +328,8 @@ def test_metrics_port_serves_prometheus_text(modern, modern_stream):
     tail = subprocess.Popen(
         [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI,
          "--metrics-port", str(port), "tail", s, "--from", "first",
-         "--format", "raw"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+         "--format", "raw"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=sigint_default)
     try:
         stream = re.escape(f'messaging_destination_name="{s}"')
         text = scrape(port, rf"^rabbitmq_stream_consumed_total{{.*{stream}.*}} 3000\.0$",
@@ -516,7 +517,7 @@ def test_watch_serves_its_consumers_over_the_metrics_port(modern, modern_stream)
         [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI,
          "--metrics-port", str(port), "watch", s, "--consumer", "scraped",
          "--interval", "0.2", "--iterations", "300"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=sigint_default)
     try:
         group = re.escape('messaging_consumer_group_name="scraped"')
         text = scrape(port, rf"^pystream_consumer_stored_offset{{.*{group}.*}} 399\.0$",
