@@ -368,9 +368,9 @@ class Connection(FrameRoutes):
         return not self._closed.is_set()
 
     def end_read(self) -> None:
-        """Lend the turn ``read_until`` lent afresh, if this thread has it
-        (its data handed over): it reads
-        on if back soon, else the reader thread takes over (``ReadTurn.lend``)."""
+        """Lend the turn again, if this thread has it, now that the data
+        ``read_until`` brought is handed over: it reads on if back soon,
+        else the reader thread takes over (``ReadTurn.lend``)."""
         if self._turn is not None:
             self._turn.lend()
 

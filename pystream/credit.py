@@ -169,13 +169,9 @@ class CreditController:
             return self._adaptive_grant(threshold=True)
         return 0
 
-    def dropped(self, size: int) -> None:
-        """Queued bytes discarded without reaching the application."""
-        self.queued_bytes = max(0, self.queued_bytes - size)
-
     def emptied(self) -> None:
-        """Everything queued was dropped, to be read again from an earlier
-        offset."""
+        """Everything queued was dropped without reaching the application,
+        to be read again from an earlier offset."""
         self.queued_bytes = 0
         self.received = None
 

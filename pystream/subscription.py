@@ -328,15 +328,21 @@ class Subscriptions:
                 if position is None:  # nothing handed yet: from what came
                     position = next((q.chunk.first_offset for q in self._queue
                                      if q.sub is sub and q.chunk is not None), None)
-                sub.position, sub.received = position, None
+                sub.position = position
                 sub.rewinds += 1
-                kept = [q for q in self._queue if q.sub is not sub]
-                self._queue.clear()
-                self._queue.extend(kept)
-                sub.credit.emptied()
-                if sub.live or sub not in self._broken_subs:
+                self._drop_queued(sub)
+                if sub.live:  # else broken already: recovery starts there
                     self._break(sub, cause)
         self._maintenance.set()
+
+    def _drop_queued(self, sub: Subscription) -> None:
+        """Under the lock: forget what ``sub`` queued, to be read again
+        from its position."""
+        kept = [q for q in self._queue if q.sub is not sub]
+        self._queue.clear()
+        self._queue.extend(kept)
+        sub.received = None
+        sub.credit.emptied()
 
     # --- subscribing ------------------------------------------------------------
 
@@ -435,12 +441,8 @@ class Subscriptions:
         spec = P.OffsetSpec(P.OFFSET_NEXT)
         try:
             with self._cond:
-                dropped = [q for q in self._queue if q.sub is sub]
-                for q in dropped:
-                    self._queue.remove(q)
-                    sub.credit.dropped(q.chunk.size)  # type: ignore[union-attr]
+                self._drop_queued(sub)
                 sub.active = active
-                sub.received = None
             if active:
                 spec = sub.start
                 try:
@@ -490,16 +492,12 @@ class Subscriptions:
                 next_refresh = time.monotonic() + self.partition_refresh_seconds
                 self._refresh_partitions()
 
-    def _release(self, sub: Subscription) -> None:
-        """Drop a broken subscription's connection. The broker forgot the
-        subscription when its connection or stream went, not when it was
-        rewound: then the Unsubscribe stops its deliveries."""
-        self._unsubscribe(sub)
-
     def _recover(self, broken: list[Subscription], delay: float) -> float:
         """One attempt at every broken subscription; the next delay."""
         for sub in broken:
-            self._release(sub)
+            # The broker forgot the subscription if its connection or
+            # stream went, not if it was rewound: Unsubscribe if still open.
+            self._unsubscribe(sub)
             spec = sub.resume_spec()
             try:
                 self._subscribe(sub)
