@@ -81,10 +81,11 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
+import otel_windows  # noqa: E402
 from harness import PROGRESS, Window, make_body  # noqa: E402
 
 MODES = ("absent", "api", "sdk")
-ROWS = ("consume", "publish")
+ROWS = ("consume", "publish", "consume_windows", "publish_windows")
 CONSUME_STREAM = "bench-otel-100b"
 PUBLISH_STREAM = "bench-otel-publish"
 BODY = 100
@@ -223,8 +224,9 @@ def cpu_us(calls: dict, number: int = 2000, repeat: int = 15,
 def hook_costs(mode: str, uri: str) -> dict:
     """What each metric costs on the hot paths, measured on its own (the
     throughput runs are too noisy to resolve it): the per-chunk hook
-    (``metrics.chunk_received``: three integer counters and, with an SDK,
-    holding the ``chunk_size`` value, a collection recording what was held
+    (``metrics.chunk_received``: three integer counters and, with an SDK
+    and ``record_chunk_sizes`` asked, as timed here, holding the
+    ``chunk_size`` value, a collection recording what was held
     before each run of calls, untimed), one histogram value recorded by
     itself, the publisher's per-batch counters (two integers the producer
     bumps inline, timed as a call) and, with the SDK, a value held and
@@ -245,6 +247,7 @@ def hook_costs(mode: str, uri: str) -> dict:
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        metrics.record_chunk_sizes()   # the hook's dearer path, timed here
     inst = metrics.instruments()
 
     def batch_hook() -> None:
@@ -319,6 +322,11 @@ def publish(client, stream: str, seconds: float, clock: Window) -> dict:
 
 def child_main(args) -> None:
     mode = args.child
+    if mode == "windows":
+        harness.start_watchdog(args.stall)
+        harness.child_done(otel_windows.run(
+            args.uri, args.kind, args.stream, args.target, args.groups,
+            args.passes, args.window_seconds, BODY))
     setup_mode(mode, args.interval)
     if args.kind == "hooks":
         harness.child_done(hook_costs(mode, args.uri))
@@ -350,8 +358,38 @@ def child_cmd(args, mode: str, kind: str, stream: str = "", target: int = 0) -> 
     return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
             "--child", mode, "--kind", kind, "--stream", stream,
             "--target", str(target), "--seconds", str(args.seconds),
-            "--interval", str(args.interval),
+            "--interval", str(args.interval), "--groups", str(args.groups or 0),
+            "--passes", str(args.passes),
+            "--window-seconds", str(args.window_seconds),
             "--stall", str(args.stall)]
+
+
+def windows_row(args, kind: str, end: int) -> dict:
+    """The paired windows of ``kind`` in one child process (otel_windows)."""
+    groups = args.groups or otel_windows.GROUPS[kind]
+    args = harness.argparse.Namespace(**{**vars(args), "groups": groups})
+    if kind == "consume":
+        res = harness.run_child(child_cmd(args, "windows", kind, CONSUME_STREAM, end),
+                                args.timeout, args.uri)
+    else:
+        harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
+        harness.admin(args.uri, lambda a: a.create_stream(
+            PUBLISH_STREAM, max_length_bytes=2_000_000_000))
+        try:
+            res = harness.run_child(child_cmd(args, "windows", kind, PUBLISH_STREAM),
+                                    args.timeout, args.uri)
+        finally:
+            harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM,
+                                                              missing_ok=True))
+    if "error" in res:
+        return {"error": res["error"]}
+    row = {"body_size": BODY, **otel_windows.summarize(kind, res["windows"]),
+           "windows": res["windows"]}
+    if kind == "consume":
+        row.update(stream_messages=end, passes=args.passes)
+    else:
+        row["seconds"] = args.window_seconds
+    return row
 
 
 def one_run(args, kind: str, mode: str) -> dict:
@@ -429,6 +467,14 @@ def main() -> None:
                     help="the stream the consume runs read, again and again")
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the periodic reader's interval in sdk mode (s)")
+    ap.add_argument("--groups", type=int, default=None,
+                    help="groups of paired windows (default: consume "
+                    f"{otel_windows.GROUPS['consume']}, publish "
+                    f"{otel_windows.GROUPS['publish']})")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="reads of the whole stream in a consume window")
+    ap.add_argument("--window-seconds", type=float, default=1.0,
+                    help="a publish window (s)")
     ap.add_argument("--kind", help=harness.argparse.SUPPRESS)
     ap.add_argument("--stream", help=harness.argparse.SUPPRESS)
     ap.add_argument("--target", type=int, default=0, help=harness.argparse.SUPPRESS)
@@ -449,14 +495,21 @@ def main() -> None:
                                         args.timeout, args.uri)
         print(f"hooks {mode:<7} {hooks[mode]}", flush=True)
 
+    windowed = [k for k in kinds if k.endswith("_windows")]
+    kinds = [k for k in kinds if k not in windowed]
     cases = [(k, m) for k in kinds for m in modes]
+    windows = {}
     try:
-        if "consume" in kinds:
+        end = 0
+        if "consume" in kinds or "consume_windows" in windowed:
             from bench_consume import prefill
-            prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
+            end = prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
         runs = harness.interleave(
             args.repeat, cases, lambda case: one_run(args, case[0], case[1]),
             label=lambda case: f"{case[0]} {case[1]}", rotate=True)
+        for k in windowed:
+            print(f"{k}: paired windows in one process", flush=True)
+            windows[k] = windows_row(args, k.removesuffix("_windows"), end)
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(CONSUME_STREAM,
                                                           missing_ok=True))
@@ -479,6 +532,16 @@ def main() -> None:
         row["sdk_cpu_share"] = sdk_share(clients.get("sdk", {}).get("runs", []))
         out_rows[k] = row
 
+    for k, row in windows.items():
+        if "error" in row:
+            print(f"{k}: {row['error']}")
+            continue
+        for mode, m in row["modes"].items():
+            if mode != "off":
+                lo, hi = m["msg_per_s_paired_ci95"] or (float("nan"),) * 2
+                print(f"{k} {mode:<15} msg/s {m['msg_per_s_paired']:+.2%} "
+                      f"(95 % interval {lo:+.2%} to {hi:+.2%}), CPU per message "
+                      f"{m['cpu_s_per_m_paired']:+.2%}", flush=True)
     print(f"\n{'':10}" + "".join(f"{m:>12}" for m in modes) + f"{'sdk vs absent':>16}")
     for k, row in out_rows.items():
         cells = "".join(
@@ -490,7 +553,7 @@ def main() -> None:
         "benchmark": "otel", "repeat": args.repeat, "order": "rotated",
         "sdk_export_interval_s": args.interval,
         "chunk_size_held": metrics.CHUNK_SIZE_HELD, "hook_costs": hooks,
-        "rows": out_rows})
+        "rows": out_rows, "windows": windows})
 
 
 if __name__ == "__main__":

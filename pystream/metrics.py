@@ -5,10 +5,11 @@ pystream knows (``pystream.*``: credit, buffers, decoding, recoveries, lag).
 Counters are plain integers of a ``ConsumerStats`` / ``PublisherStats``
 that the consumer and producer bump once per chunk or batch; OpenTelemetry
 reads them through observable instruments when a reader collects. The
-histograms call the API: the recovery time as it happens, the entries per
-chunk when a reader collects (see ``chunk_received``). Without ``opentelemetry-api``
-installed (the ``pystream[otel]`` extra) the instruments are never made and
-every hook returns at once.
+histograms call the API: the recovery time as it happens and, once
+``record_chunk_sizes`` asks for it, the entries per chunk when a reader
+collects (see ``chunk_received``). Without ``opentelemetry-api`` installed
+(the ``pystream[otel]`` extra) the instruments are never made and every
+hook returns at once.
 
 pystream uses the global ``MeterProvider`` of ``opentelemetry.metrics``
 unless ``set_meter_provider`` names another.
@@ -227,6 +228,9 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 _ready = False
+_chunk_sizes_asked = False
+# The per-chunk hook's one test: instruments made and chunk_size asked for.
+_holding = False
 # Held while instruments are made, which takes the SDK's lock; a collection
 # holds that lock while the callbacks take _lock: one lock for both could
 # deadlock a first consumer against a collection.
@@ -248,7 +252,29 @@ def instruments() -> _Instruments | None:
                 else:
                     _instruments = _Instruments(_meter(otel.get_meter_provider()))
                 _ready = True
+                _set_holding()
     return _instruments
+
+
+def _set_holding() -> None:
+    global _holding
+    _holding = _instruments is not None and _chunk_sizes_asked
+
+
+def record_chunk_sizes(enabled: bool = True) -> None:
+    """Record ``rabbitmq.stream.chunk_size``, one histogram value per chunk
+    received, as the Go and .NET clients do; off until asked for
+    (``pystream --metrics-port`` asks).
+
+    The OpenTelemetry SDK takes some 4 µs to record a histogram value:
+    one a chunk costs a consumer of small records some 3 % of its
+    throughput (bench/bench_otel.py), where every other instrument
+    together costs nothing measurable. ``rabbitmq.stream.chunks`` and
+    ``rabbitmq.stream.consumed`` give the mean chunk without it."""
+    global _chunk_sizes_asked
+    with _making:
+        _chunk_sizes_asked = enabled
+        _set_holding()
 
 
 def set_meter_provider(provider: Any) -> None:
@@ -261,6 +287,7 @@ def set_meter_provider(provider: Any) -> None:
         made = _Instruments(_meter(chosen))
         flush_chunk_sizes()  # what was received so far goes to the old provider
         _instruments, _ready = made, True
+        _set_holding()
 
 
 def _meter(provider: Any) -> Any:
@@ -291,11 +318,13 @@ def chunk_received(stats: ConsumerStats, entries: int, size: int,
     exactly what one call per chunk would have (counts, sums, buckets, min
     and max; no exemplars, as the reader thread has no span). Only when
     ``CHUNK_SIZE_HELD`` are held does the reader record some itself. The
-    decode time is a counter for the same reason."""
+    decode time is a counter for the same reason. Even so the SDK's work
+    for the values costs some 3 %: chunk_size is held only once
+    ``record_chunk_sizes`` asks for it."""
     stats.chunks += 1
     stats.read_bytes += size
     stats.decode_ns += decode_ns
-    if _instruments is not None:
+    if _holding:
         held = stats.chunk_sizes
         held.append(entries)
         if len(held) > CHUNK_SIZE_HELD:

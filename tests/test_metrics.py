@@ -44,6 +44,14 @@ def reader():
     provider.shutdown()
 
 
+@pytest.fixture
+def chunk_sizes():
+    """rabbitmq.stream.chunk_size recorded (it is off by default)."""
+    metrics.record_chunk_sizes()
+    yield
+    metrics.record_chunk_sizes(False)
+
+
 def collect(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict, Any]]]:
     """name -> [(attributes, value)]: a counter's or gauge's value, a
     histogram's (count, sum)."""
@@ -71,7 +79,7 @@ def value(data: dict, name: str, **attributes: Any) -> Any:
 
 
 @pytest.mark.broker
-def test_publish_and_consume_counters_equal_the_records(reader, modern,
+def test_publish_and_consume_counters_equal_the_records(reader, chunk_sizes, modern,
                                                         modern_stream):
     s = modern_stream
     with modern.producer(s) as producer:
@@ -129,7 +137,8 @@ def test_publish_and_consume_counters_equal_the_records(reader, modern,
         assert sum(v for _, v in data["rabbitmq.stream.connections"]) >= 2
 
 
-def test_chunk_sizes_held_for_collections_export_as_one_value_per_chunk(reader):
+def test_chunk_sizes_held_for_collections_export_as_one_value_per_chunk(
+        reader, chunk_sizes):
     """chunk_received holds the chunk_size values for the collections to
     record (and records the oldest itself past CHUNK_SIZE_HELD); every
     collection records what is held first, so each one exports what a value
@@ -171,8 +180,28 @@ def test_chunk_sizes_held_for_collections_export_as_one_value_per_chunk(reader):
     assert stats.chunks - chunks == len(total)
 
 
+def test_chunk_size_is_recorded_only_when_asked_for(reader):
+    """By default a chunk bumps the counters and holds nothing for the
+    chunk_size histogram, which exports no point; asked for, it does."""
+    stats = metrics.consumer_stats(parse_uri(MODERN_URI), "unasked-sizes", None)
+    metrics.chunk_received(stats, 500, 100, 10)
+    assert not stats.chunk_sizes
+    data = collect(reader)
+    assert "rabbitmq.stream.chunk_size" not in data
+    assert value(data, "rabbitmq.stream.chunks",
+                 messaging__destination__name="unasked-sizes") == 1
+    metrics.record_chunk_sizes()
+    try:
+        metrics.chunk_received(stats, 700, 100, 10)
+        assert value(collect(reader), "rabbitmq.stream.chunk_size") == (1, 700)
+    finally:
+        metrics.record_chunk_sizes(False)
+    metrics.chunk_received(stats, 900, 100, 10)
+    assert not stats.chunk_sizes
+
+
 @pytest.mark.broker
-def test_filtered_records_are_counted(reader, modern, modern_stream):
+def test_filtered_records_are_counted(reader, chunk_sizes, modern, modern_stream):
     s = modern_stream
     with modern.producer(s, filter_value="colour") as producer:
         for colour in ("red", "blue"):

@@ -153,6 +153,9 @@ def serve_metrics(args: argparse.Namespace) -> None:
 
     from pystream import metrics
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+    # Every shared name, as the other clients serve them: a command's
+    # throughput is the terminal's, not the histogram's.
+    metrics.record_chunk_sizes()
     # The server's thread inherits a mask without SIGINT: a Ctrl-C taken by
     # that thread would leave the main thread waiting, uninterrupted.
     stop = {signal.SIGINT, signal.SIGTERM}
