@@ -17,7 +17,8 @@ Each group of windows takes every mode once, in a random order:
   by a thread of its own at a random moment of the window, as a periodic
   reader collecting every second would (the window waits for it to end);
 * ``sdk+chunk_size`` (consume): the same with ``rabbitmq.stream.chunk_size``
-  recorded (``metrics.record_chunk_sizes``), one histogram value a chunk.
+  recorded (``metrics.record_chunk_sizes``), one histogram value a chunk;
+  the values still held when the window ends are recorded within it.
 
 A consume window reads ``passes`` times the whole stream (a new consumer
 from its first offset each time, so every window reads the same chunks); a
@@ -101,15 +102,24 @@ class ModeWindow:
 
     def stop(self, messages: int) -> dict:
         collector = self.modes.collector
+        flushed = 0.0
         if self.mode != "off":
             if self.fire is not None:   # a window shorter than its moment
                 collector.asked.set()
             collector.done.wait()
             collector.done.clear()
+        if self.mode == "sdk+chunk_size":
+            # The values held since the collection are this window's: the
+            # next collection would record them, in another mode's window.
+            metrics = self.modes.metrics
+            metrics.record_chunk_sizes(False)
+            t0 = time.thread_time()
+            metrics.flush_chunk_sizes()
+            flushed = time.thread_time() - t0
         return {"mode": self.mode, "messages": messages,
                 "seconds": time.perf_counter() - self.t0,
                 "cpu": time.process_time() - self.cpu0,
-                "sdk_cpu": collector.cpu - self.collector_cpu0}
+                "sdk_cpu": collector.cpu - self.collector_cpu0 + flushed}
 
 
 def consume_window(client, modes: Modes, mode: str, stream: str, end: int,
