@@ -266,10 +266,10 @@ def record_chunk_sizes(enabled: bool = True) -> None:
     received, as the Go and .NET clients do; off until asked for
     (``pystream --metrics-port`` asks).
 
-    The OpenTelemetry SDK takes some 4 µs to record a histogram value:
-    one a chunk costs a consumer of small records some 3 % of its
-    throughput (bench/bench_otel.py), where every other instrument
-    together costs nothing measurable. ``rabbitmq.stream.chunks`` and
+    The OpenTelemetry SDK's work for a histogram value, one a chunk, costs
+    a consumer of small records more throughput than the 2 % every other
+    instrument together stays well within (docs/monitoring.md, measured by
+    bench/bench_otel.py). ``rabbitmq.stream.chunks`` and
     ``rabbitmq.stream.consumed`` give the mean chunk without it."""
     global _chunk_sizes_asked
     with _making:
@@ -319,8 +319,8 @@ def chunk_received(stats: ConsumerStats, entries: int, size: int,
     and max; no exemplars, as the reader thread has no span). Only when
     ``CHUNK_SIZE_HELD`` are held does the reader record some itself. The
     decode time is a counter for the same reason. Even so the SDK's work
-    for the values costs some 3 %: chunk_size is held only once
-    ``record_chunk_sizes`` asks for it."""
+    for the values costs more than 2 % of throughput: chunk_size is held
+    only once ``record_chunk_sizes`` asks for it."""
     stats.chunks += 1
     stats.read_bytes += size
     stats.decode_ns += decode_ns
