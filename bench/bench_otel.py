@@ -37,9 +37,10 @@ a later collection would record): their share of the run's CPU
 (``sdk_cpu_share``), which the machine's load moves far less than it
 moves the throughput.
 
-Two rows (``--rows``), each run a window of ``--seconds`` (3 s: with the
-1 s reader, two or three collections fall in it, the steady state a
-long-lived consumer sees):
+Four rows (``--rows``). The first two run each mode in processes of its
+own, each run a window of ``--seconds`` (3 s: with the 1 s reader, two or
+three collections fall in it, the steady state a long-lived consumer
+sees):
 
 * ``consume``: ``client.consumer(stream, offset="first")`` with its defaults
   reads ``bench-otel-100b`` (``--consume-messages`` 100-byte AMQP
@@ -59,10 +60,21 @@ mode always runs first. The overhead is each sdk run against the absent
 run of its repetition (msg/s and CPU per message): the median of those
 pairs, their quartiles, and a bootstrap 95 % confidence interval of that
 median (``harness.median_ci``), which says whether the runs resolve the
-2 % where one mode's spread cannot. A default run takes about 7 minutes
-(20 repetitions of four runs of some 4.5 s with the start-up, the hook
-costs and the 10 M-message fill). Results: bench/results/otel.json,
-rendered into docs/monitoring.md by bench/report.py.
+2 % where one mode's spread cannot; here it often does not: separate
+processes differ by more than the SDK costs.
+
+The other two, ``consume_windows`` and ``publish_windows``, switch the
+metrics on and off within one process, window after window
+(bench/otel_windows.py: ``--groups``, ``--passes``, ``--window-seconds``),
+and judge the target: off, the SDK, and consuming also the SDK with
+``chunk_size`` recorded, each SDK window against the off window of its
+group.
+
+A default run takes about 20 minutes (the process rows: 20 repetitions of
+four runs of some 4.5 s with the start-up, the hook costs and the
+10 M-message fill; the windows: some 12 minutes). Results:
+bench/results/otel.json, rendered into docs/monitoring.md by
+bench/report.py.
 
 Target: the SDK costs at most 2 % of consume and publish throughput.
 """
@@ -90,7 +102,7 @@ CONSUME_STREAM = "bench-otel-100b"
 PUBLISH_STREAM = "bench-otel-publish"
 BODY = 100
 PUBLISH_BATCH = 10_000
-SECONDS, REPEAT = 3.0, 20    # about 7 minutes by default (absent and sdk)
+SECONDS, REPEAT = 3.0, 20    # the process rows: some 7 minutes (absent and sdk)
 HOOK_ENTRIES, HOOK_BYTES = 7700, 800_000    # the chunk the hook is timed with
 
 
