@@ -92,7 +92,7 @@ bench: build brokers
 	$(PY) bench/bench_latency.py
 	$(PY) bench/bench_otel.py --json bench/results/otel.json
 	$(PY) bench/bench_otel.py --only absent,sdk --interval 60 --repeat 6 \
-		--json bench/results/otel-60s.json
+		--rows consume,publish --json bench/results/otel-60s.json
 	$(PY) bench/bench_spark.py
 	$(PY) bench/bench_spark_io.py
 	$(PY) bench/report.py

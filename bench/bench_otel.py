@@ -5,7 +5,7 @@ throughput with and without them.
     .venv/bin/python bench/bench_otel.py --only absent,api,sdk --repeat 10
     .venv/bin/python bench/bench_otel.py --rows consume --repeat 2 --seconds 2 \
         --consume-messages 2000000 --json ''          # a smoke run
-    .venv/bin/python bench/bench_otel.py --interval 60 --repeat 6 \
+    .venv/bin/python bench/bench_otel.py --interval 60 --repeat 6 --rows consume,publish \
         --json bench/results/otel-60s.json      # as deployments collect
 
 What it measures
