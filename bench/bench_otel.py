@@ -337,7 +337,8 @@ def child_main(args) -> None:
     if mode == "windows":
         harness.start_watchdog(args.stall)
         harness.child_done(otel_windows.run(
-            args.uri, args.kind, args.stream, args.target, args.groups,
+            args.uri, args.kind, args.stream, args.target,
+            args.groups or otel_windows.GROUPS[args.kind],
             args.passes, args.window_seconds, BODY))
     setup_mode(mode, args.interval)
     if args.kind == "hooks":
@@ -378,24 +379,16 @@ def child_cmd(args, mode: str, kind: str, stream: str = "", target: int = 0) -> 
 
 def windows_row(args, kind: str, end: int) -> dict:
     """The paired windows of ``kind`` in one child process (otel_windows)."""
-    groups = args.groups or otel_windows.GROUPS[kind]
-    args = harness.argparse.Namespace(**{**vars(args), "groups": groups})
     if kind == "consume":
         res = harness.run_child(child_cmd(args, "windows", kind, CONSUME_STREAM, end),
                                 args.timeout, args.uri)
     else:
-        harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
-        harness.admin(args.uri, lambda a: a.create_stream(
-            PUBLISH_STREAM, max_length_bytes=2_000_000_000))
-        try:
+        with fresh_publish_stream(args.uri):
             res = harness.run_child(child_cmd(args, "windows", kind, PUBLISH_STREAM),
                                     args.timeout, args.uri)
-        finally:
-            harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM,
-                                                              missing_ok=True))
     if "error" in res:
         return {"error": res["error"]}
-    row = {"body_size": BODY, **otel_windows.summarize(kind, res["windows"]),
+    row = {"body_size": BODY, **otel_windows.summarize(kind, res["windows"], BODY),
            "windows": res["windows"]}
     if kind == "consume":
         row.update(stream_messages=end, passes=args.passes)
@@ -404,39 +397,34 @@ def windows_row(args, kind: str, end: int) -> dict:
     return row
 
 
+@contextlib.contextmanager
+def fresh_publish_stream(uri: str):
+    """PUBLISH_STREAM made anew (2 GB retained), deleted after."""
+    harness.admin(uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
+    harness.admin(uri, lambda a: a.create_stream(
+        PUBLISH_STREAM, max_length_bytes=2_000_000_000))
+    try:
+        yield
+    finally:
+        harness.admin(uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
+
+
 def one_run(args, kind: str, mode: str) -> dict:
     if kind == "consume":
         return harness.run_child(child_cmd(args, mode, kind, CONSUME_STREAM,
                                            args.consume_messages),
                                  args.timeout, args.uri)
-    harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM, missing_ok=True))
-    harness.admin(args.uri, lambda a: a.create_stream(
-        PUBLISH_STREAM, max_length_bytes=2_000_000_000))
-    try:
+    with fresh_publish_stream(args.uri):
         return harness.run_child(child_cmd(args, mode, kind, PUBLISH_STREAM),
                                  args.timeout, args.uri)
-    finally:
-        harness.admin(args.uri, lambda a: a.delete_stream(PUBLISH_STREAM,
-                                                          missing_ok=True))
 
 
-
-
-def quartiles(xs: list[float]) -> list[float] | None:
-    """[lowest, first quartile, median, third quartile, highest]."""
-    if not xs:
-        return None
-    if len(xs) == 1:
-        return xs * 5
-    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    return [min(xs), q1, q2, q3, max(xs)]
 
 
 def vs_absent(row: dict, mode: str) -> dict:
     """sdk (or api) against absent, as fractions: the medians' msg/s and CPU
     per message, and the repetitions' paired changes (each run against the
-    absent run of its repetition) with their quartiles and the bootstrap
-    95 % confidence interval of their median."""
+    absent run of its repetition, ``harness.paired_changes``)."""
     a = row["clients"].get("absent", {}).get("summary")
     m = row["clients"].get(mode, {}).get("summary")
     if not (a and m):
@@ -444,18 +432,9 @@ def vs_absent(row: dict, mode: str) -> dict:
     pairs = [(x, y) for x, y in zip(row["clients"][mode]["runs"],
                                     row["clients"]["absent"]["runs"], strict=True)
              if "error" not in x and "error" not in y]
-    rate = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"]) - 1
-            for x, y in pairs]
-    cpu = [x["cpu"] / x["messages"] / (y["cpu"] / y["messages"]) - 1
-           for x, y in pairs if x.get("cpu") and y.get("cpu")]
     return {"msg_per_s": m["msg_per_s_median"] / a["msg_per_s_median"] - 1,
-            "msg_per_s_paired": statistics.median(rate) if rate else None,
-            "msg_per_s_paired_quartiles": quartiles(rate),
-            "msg_per_s_paired_ci95": harness.median_ci(rate),
             "cpu_s_per_m": m["cpu_s_per_m_median"] / a["cpu_s_per_m_median"] - 1,
-            "cpu_s_per_m_paired": statistics.median(cpu) if cpu else None,
-            "cpu_s_per_m_paired_quartiles": quartiles(cpu),
-            "cpu_s_per_m_paired_ci95": harness.median_ci(cpu)}
+            **harness.paired_changes(pairs)}
 
 
 def sdk_share(runs: list[dict]) -> dict:
@@ -464,9 +443,9 @@ def sdk_share(runs: list[dict]) -> dict:
     the collections (with the values they record), of both."""
     good = [r for r in runs if "error" not in r and r.get("cpu") and "sdk_reader_cpu" in r]
     total = [(r["sdk_reader_cpu"] + r["sdk_collect_cpu"]) / r["cpu"] for r in good]
-    return {"reader": quartiles([r["sdk_reader_cpu"] / r["cpu"] for r in good]),
-            "collect": quartiles([r["sdk_collect_cpu"] / r["cpu"] for r in good]),
-            "total": quartiles(total), "total_ci95": harness.median_ci(total)}
+    return {"reader": harness.quartiles([r["sdk_reader_cpu"] / r["cpu"] for r in good]),
+            "collect": harness.quartiles([r["sdk_collect_cpu"] / r["cpu"] for r in good]),
+            "total": harness.quartiles(total), "total_ci95": harness.median_ci(total)}
 
 
 def main() -> None:

@@ -369,6 +369,32 @@ def summarize(runs: list[dict], body_size: int) -> dict | None:
     return out
 
 
+def quartiles(xs: list[float]) -> list[float] | None:
+    """[lowest, first quartile, median, third quartile, highest]."""
+    if not xs:
+        return None
+    if len(xs) == 1:
+        return xs * 5
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return [min(xs), q1, q2, q3, max(xs)]
+
+
+def paired_changes(pairs: list[tuple[dict, dict]]) -> dict:
+    """Each run of ``pairs`` (run, baseline) against its baseline, as
+    fractions: the median change in msg/s and in CPU per message, with
+    their quartiles and the bootstrap 95 % interval of the median."""
+    rate = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"]) - 1
+            for x, y in pairs]
+    cpu = [x["cpu"] / x["messages"] / (y["cpu"] / y["messages"]) - 1
+           for x, y in pairs if x.get("cpu") and y.get("cpu")]
+    return {"msg_per_s_paired": statistics.median(rate) if rate else None,
+            "msg_per_s_paired_quartiles": quartiles(rate),
+            "msg_per_s_paired_ci95": median_ci(rate),
+            "cpu_s_per_m_paired": statistics.median(cpu) if cpu else None,
+            "cpu_s_per_m_paired_quartiles": quartiles(cpu),
+            "cpu_s_per_m_paired_ci95": median_ci(cpu)}
+
+
 def median_ci(xs: list[float], level: float = 0.95, resamples: int = 10_000
               ) -> list[float] | None:
     """A bootstrap confidence interval of the median of ``xs`` (percentile

@@ -31,7 +31,6 @@ median of those paired changes and its bootstrap 95 % interval.
 from __future__ import annotations
 
 import random
-import statistics
 import threading
 import time
 
@@ -149,69 +148,50 @@ def publish_window(producer, batch, modes: Modes, mode: str, seconds: float) -> 
     return window.stop(n)
 
 
+def groups_of(one, names: tuple[str, ...], groups: int) -> list[dict]:
+    """A window of each mode to warm up (not kept), then ``groups`` groups,
+    each taking the modes in a random order."""
+    for mode in names:
+        one(mode)
+    return [{"group": g, **one(mode)} for g in range(groups)
+            for mode in random.sample(names, len(names))]
+
+
 def run(uri: str, kind: str, stream: str, end: int, groups: int,
         passes: int, seconds: float, body: int) -> dict:
     """Every group's windows, in the child (the SDK imported here)."""
+    import pyarrow as pa
+
     import pystream
     modes = Modes()
     names = MODES[kind]
-    windows: list[dict] = []
     with pystream.connect(uri) as client:
         if kind == "consume":
-            def one(mode: str) -> dict:
-                return consume_window(client, modes, mode, stream, end, passes)
-            for mode in names:   # warm-up, not kept
-                one(mode)
-            for g in range(groups):
-                for mode in random.sample(names, len(names)):
-                    windows.append({"group": g, **one(mode)})
-        else:
-            import pyarrow as pa
-            batch = pa.array([make_body(body)] * 10_000, pa.binary())
-            with client.producer(stream) as producer:
-                for mode in names:
-                    publish_window(producer, batch, modes, mode, seconds)
-                for g in range(groups):
-                    for mode in random.sample(names, len(names)):
-                        windows.append({"group": g, **publish_window(
-                            producer, batch, modes, mode, seconds)})
-                producer.flush(300)
-    return {"windows": windows}
+            return {"windows": groups_of(lambda mode: consume_window(
+                client, modes, mode, stream, end, passes), names, groups)}
+        batch = pa.array([make_body(body)] * 10_000, pa.binary())
+        with client.producer(stream) as producer:
+            windows = groups_of(lambda mode: publish_window(
+                producer, batch, modes, mode, seconds), names, groups)
+            producer.flush(300)
+        return {"windows": windows}
 
 
-def summarize(kind: str, windows: list[dict]) -> dict:
-    """Each mode's medians, and its paired changes against the off window
-    of the same group: msg/s and CPU per message (median, quartiles,
-    bootstrap 95 % interval), and the collections' share of its CPU."""
-    from bench_otel import quartiles
+def summarize(kind: str, windows: list[dict], body: int) -> dict:
+    """Each mode's medians (``harness.summarize``), and its paired changes
+    against the off window of the same group (``harness.paired_changes``)
+    with the collections' share of its CPU."""
     by_group: dict[int, dict[str, dict]] = {}
     for w in windows:
         by_group.setdefault(w["group"], {})[w["mode"]] = w
     out: dict = {"groups": len(by_group), "modes": {}}
     for mode in MODES[kind]:
-        mine = [w for w in windows if w["mode"] == mode]
-        rates = [w["messages"] / w["seconds"] for w in mine]
-        entry: dict = {"windows": len(mine),
-                       "msg_per_s_median": statistics.median(rates),
-                       "msg_per_s_all": rates,
-                       "seconds_median": statistics.median(w["seconds"] for w in mine),
-                       "cpu_s_per_m_median": statistics.median(
-                           w["cpu"] / w["messages"] * 1e6 for w in mine)}
+        entry = harness.summarize([w for w in windows if w["mode"] == mode], body)
         if mode != "off":
             pairs = [(g[mode], g["off"]) for g in by_group.values()
                      if mode in g and "off" in g]
-            rate = [x["messages"] / x["seconds"] / (y["messages"] / y["seconds"]) - 1
-                    for x, y in pairs]
-            cpu = [x["cpu"] / x["messages"] / (y["cpu"] / y["messages"]) - 1
-                   for x, y in pairs]
-            share = [x["sdk_cpu"] / x["cpu"] for x, _ in pairs]
-            entry.update({
-                "msg_per_s_paired": statistics.median(rate),
-                "msg_per_s_paired_quartiles": quartiles(rate),
-                "msg_per_s_paired_ci95": harness.median_ci(rate),
-                "cpu_s_per_m_paired": statistics.median(cpu),
-                "cpu_s_per_m_paired_quartiles": quartiles(cpu),
-                "cpu_s_per_m_paired_ci95": harness.median_ci(cpu),
-                "sdk_cpu_share": quartiles(share)})
+            entry.update(harness.paired_changes(pairs),
+                         sdk_cpu_share=harness.quartiles(
+                             [x["sdk_cpu"] / x["cpu"] for x, _ in pairs]))
         out["modes"][mode] = entry
     return out

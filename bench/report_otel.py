@@ -36,33 +36,10 @@ def interval(ci: list[float] | None) -> str:
     return f", 95 % interval {signed_pct(ci[0])} to {signed_pct(ci[1])}" if ci else ""
 
 
-def ci_verdict(rows: dict) -> str | None:
-    """The target judged by the 95 % intervals of the paired msg/s changes
-    of the SDK (None without them): met when every row's interval lies
-    above -2 %, not met when one lies wholly below, else not shown."""
-    cis = {k: row["vs_absent"].get("sdk", {}).get("msg_per_s_paired_ci95")
-           for k, row in rows.items()}
-    if not cis or not all(cis.values()):
-        return None
-    below = [k for k, ci in cis.items() if ci[1] < -OTEL_TARGET]
-    if below:
-        return "**not met**: " + " and ".join(below) + " with the SDK slower by more than 2 %"
-    if all(ci[0] >= -OTEL_TARGET for ci in cis.values()):
-        return "met"
-    wide = [k for k, ci in cis.items() if ci[0] < -OTEL_TARGET]
-    return ("**not shown**: the 95 % interval of the paired change reaches below -2 % for "
-            + " and ".join(wide))
-
-
-WINDOW_MODES = {"sdk": "SDK", "sdk+chunk_size": "SDK with `record_chunk_sizes()`"}
-
-
-def windows_verdict(windows: dict) -> str | None:
-    """The target judged by the paired windows (None without them): the
-    default SDK's msg/s change, consuming and publishing, by its 95 %
-    interval."""
-    cis = {k.removesuffix("_windows"): row["modes"]["sdk"].get("msg_per_s_paired_ci95")
-           for k, row in windows.items() if "modes" in row}
+def judge(cis: dict[str, list[float] | None]) -> str | None:
+    """The target judged by the 95 % intervals of paired msg/s changes
+    ({row: interval}; None if any is missing): met when every interval
+    lies above -2 %, not met when one lies wholly below, else not shown."""
     if not cis or not all(cis.values()):
         return None
     below = [k for k, ci in cis.items() if ci[1] < -OTEL_TARGET]
@@ -73,6 +50,22 @@ def windows_verdict(windows: dict) -> str | None:
         return ("**not shown**: the 95 % interval of the paired change reaches below "
                 "-2 % for " + " and ".join(wide))
     return "met"
+
+
+def ci_verdict(rows: dict) -> str | None:
+    """The separate processes' verdict: the SDK's paired changes."""
+    return judge({k: row["vs_absent"].get("sdk", {}).get("msg_per_s_paired_ci95")
+                  for k, row in rows.items()})
+
+
+WINDOW_MODES = {"sdk": "SDK", "sdk+chunk_size": "SDK with `record_chunk_sizes()`"}
+
+
+def windows_verdict(windows: dict, mode: str = "sdk") -> str | None:
+    """The paired windows' verdict for ``mode`` (the default SDK, or it
+    with chunk_size), in the rows that have it."""
+    return judge({k.removesuffix("_windows"): row["modes"][mode].get("msg_per_s_paired_ci95")
+                  for k, row in windows.items() if mode in row.get("modes", {})})
 
 
 def windows_block(windows: dict) -> list[str]:
@@ -367,16 +360,9 @@ def otel_block() -> str:
     if by_windows is not None:
         verdict_text = ("by the paired windows' 95 % intervals, with the SDK as "
                         "pystream sets it up by default, " + by_windows)
-        chunked = (windows.get("consume_windows", {}).get("modes", {})
-                   .get("sdk+chunk_size"))
-        if chunked and chunked.get("msg_per_s_paired_ci95"):
-            ci = chunked["msg_per_s_paired_ci95"]
-            verdict_text += (
-                "; with `record_chunk_sizes()`, consuming "
-                + ("**over 2 %**" if ci[1] < -OTEL_TARGET else
-                   "within 2 %" if ci[0] >= -OTEL_TARGET else "not shown within 2 %")
-                + f" ({signed_pct(chunked['msg_per_s_paired'])}, "
-                f"{signed_pct(ci[0])} to {signed_pct(ci[1])})")
+        chunked = windows_verdict(windows, "sdk+chunk_size")
+        if chunked is not None:
+            verdict_text += "; with `record_chunk_sizes()`, " + chunked
         if by_ci is not None:
             verdict_text += "; by the separate processes, " + by_ci
     elif by_ci is not None:
