@@ -25,7 +25,7 @@ demo: build
 	$(PY) scripts/demo.py
 
 test: lint build brokers docs
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 	scripts/fuzz $(FUZZ_SECONDS)
 	scripts/fuzz-dispatch 30
 
@@ -54,7 +54,7 @@ lint: deps
 
 # The quick tests that need no broker (slow ones build wheels and venvs).
 unit: build
-	$(PY) -m pytest tests -m "not broker and not slow"
+	$(PY) -m pytest tests -m "not broker and not slow" --durations=25
 
 # Longer runs: make fuzz FUZZ_SECONDS=1800 (the C core, then the Python
 # frame dispatch with atheris)

@@ -63,7 +63,7 @@ setup(
         "spark": ["pyspark[sql]>=4.2", "pandas<3"],
         # OpenTelemetry metrics (pystream.metrics); without it they cost nothing.
         "otel": ["opentelemetry-api>=1.23"],
-        "test": ["pytest", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
+        "test": ["pytest", "pytest-timeout", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
                  "pika", "jinja2", "pyyaml", "atheris", "python-qpid-proton",
                  "opentelemetry-sdk", "opentelemetry-exporter-prometheus",
                  # compresses the golden captures' snappy, lz4 and zstd sub-batches
