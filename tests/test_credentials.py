@@ -4,7 +4,9 @@ objects, every log record pystream writes (debug included) and every
 metric (attributes and values) through connecting, publishing, consuming and
 recovering from a closed connection,
 the text and whole traceback of the errors a user sees, and what a Spark
-plan pickles for its executors."""
+plan pickles for its executors. Also: a password variable named but missing
+where a connection is made is an error, not a login as guest, and the users
+the tests make do not stay on the brokers."""
 
 from __future__ import annotations
 
