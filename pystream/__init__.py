@@ -22,6 +22,7 @@ from .errors import (
     FrameTooLarge,
     InternalError,
     MalformedMessage,
+    MissingPassword,
     NoOffset,
     PreconditionFailed,
     ProtocolError,
@@ -67,5 +68,5 @@ __all__ = [
     "SaslMechanismNotSupported", "AuthenticationFailure", "SaslError",
     "AuthenticationFailureLoopback", "VirtualHostAccessFailure",
     "UnknownFrame", "InternalError", "AccessRefused", "PreconditionFailed",
-    "PublisherDoesNotExist", "NoOffset",
+    "PublisherDoesNotExist", "NoOffset", "MissingPassword",
 ]

@@ -70,6 +70,8 @@ class Connection(FrameRoutes):
                  connection_name: str | None = None) -> None:
         if frame_max < 0 or heartbeat < 0:
             raise ValueError("frame_max and heartbeat must be >= 0")
+        if not 0 < max_deliver_size < 1 << 32:
+            raise ValueError("max_deliver_size must be in [1, 2**32)")
         super().__init__()
         self.address = address
         self.requested_frame_max = frame_max
@@ -93,7 +95,8 @@ class Connection(FrameRoutes):
         self._sock: socket.socket | None = None
         self._reader_thread: threading.Thread | None = None
         self._turn: ReadTurn | None = None  # who reads the socket (see readturn)
-        self._reader = StreamDecoder(frame_max)
+        self.max_deliver_size = max_deliver_size
+        self._reader = StreamDecoder(self._frame_limit(frame_max))
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
         self._write_lock = threading.Lock()
@@ -171,8 +174,15 @@ class Connection(FrameRoutes):
         self.connection_properties = done.connection_properties
         self.command_versions = done.command_versions
 
+    def _frame_limit(self, frame_max: int) -> int:
+        # frame_max 0 lifts the negotiated limit, not the bound on what a
+        # size prefix may make the reader allocate: max_deliver_size stays
+        # (one byte less for the other frames, so that the reader's error
+        # for a Deliver frame names max_deliver_size).
+        return frame_max or max(self.max_deliver_size - 1, 1)
+
     def _tuned(self, frame_max: int) -> None:
-        self._reader.max_frame_size = frame_max
+        self._reader.max_frame_size = self._frame_limit(frame_max)
 
     def close(self, code: int = P.RESPONSE_OK, reason: str = "") -> None:
         """Close politely (Close, wait for its answer) then drop the socket."""

@@ -71,6 +71,17 @@ class CertificateVerificationError(StreamError):
         return CertificateVerificationError(self.where, self.reason, hint)
 
 
+class MissingPassword(StreamError):
+    """The password is to be read from an environment variable (or file)
+    that is not there where the connection is made, e.g. on a Spark
+    executor: logging in without it would be as another user, or fail as a
+    wrong password. ``source`` names the variable or file."""
+
+    def __init__(self, message: str = "", *, source: str = "") -> None:
+        super().__init__(message)
+        self.source = source
+
+
 class ConnectionClosed(StreamError):
     """The broker closed the connection with a Close command (reason in the
     message, response code in ``code``)."""

@@ -31,7 +31,7 @@ from ._core import schema as core_schema
 from .arrow import ArrowStream
 from .client import Client
 from .credit import Credit
-from .errors import CertificateVerificationError, DataLoss, RequestTimeout
+from .errors import CertificateVerificationError, DataLoss, MissingPassword, RequestTimeout
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
 
@@ -46,6 +46,7 @@ PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
 #: re-reads the chunk its start falls in.
 MIN_RANGE = 100_000
 DEFAULT_OUTSTANDING = Credit.adaptive().max_outstanding
+DEFAULT_PASSWORD_ENV = "PYSTREAM_PASSWORD"
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,11 @@ class BrokerRef:
     """Where a broker is and how to log in, without a secret, so it can
     travel to executors: ``uri`` carries no password; the password is read,
     where a connection is made, from the file ``password_file`` or else the
-    environment variable ``password_env`` (neither set: the URI's default,
-    ``guest``).
+    environment variable ``password_env``. That variable unset there is
+    ``MissingPassword`` when it was named (not the default
+    ``PYSTREAM_PASSWORD``) or the URI's user is not ``guest``: logging in
+    without it would be as another user, or a wrong password; otherwise the
+    URI's default password, ``guest``.
 
     With a ``rabbitmq-stream+tls://`` URI, TLS trusts the CAs of the PEM
     file ``ca_file`` (None: the system's) and presents the client
@@ -66,7 +70,7 @@ class BrokerRef:
     certificate's name; no password is read)."""
 
     uri: str
-    password_env: str | None = "PYSTREAM_PASSWORD"
+    password_env: str | None = DEFAULT_PASSWORD_ENV
     password_file: str | None = None
     ca_file: str | None = None
     cert_file: str | None = None
@@ -95,8 +99,16 @@ class BrokerRef:
         if self.password_file:
             with open(self.password_file, encoding="utf-8") as f:
                 return replace(address, password=f.read().strip("\r\n"))
-        if self.password_env and self.password_env in os.environ:
+        if not self.password_env:
+            return address
+        if self.password_env in os.environ:
             return replace(address, password=os.environ[self.password_env])
+        if self.password_env != DEFAULT_PASSWORD_ENV or address.username != "guest":
+            raise MissingPassword(
+                f"the password of {address.username!r} is to be read from the "
+                f"environment variable {self.password_env}, which is not set "
+                f"here (on Spark executors: spark.executorEnv.{self.password_env})",
+                source=self.password_env)
         return address
 
     def connection_options(self) -> dict[str, Any]:

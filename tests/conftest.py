@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -250,6 +251,29 @@ def cert_user(tls_dir) -> Iterator[str]:
                ".*", ".*", ".*")
     yield CLIENT_CN
     broker_ctl("modern", "delete_user", CLIENT_CN)
+
+
+@contextmanager
+def broker_user(brokers: Iterable[str], name: str, password: str,
+                *permissions: str) -> Iterator[str]:
+    """A user on each broker, with ``permissions`` (configure, write, read)
+    on vhost "/", deleted when the block ends, also on failure: the suite's
+    own cleanup runs only when no other session shares the brokers. Name it
+    per session (its pid): a concurrent session's block would delete a
+    shared name under it."""
+    brokers = list(brokers)
+    try:
+        for broker in brokers:
+            broker_ctl(broker, "add_user", name, password)
+            broker_ctl(broker, "set_permissions", "-p", "/", name, *permissions)
+        yield name
+    finally:
+        for broker in brokers:
+            try:
+                broker_ctl(broker, "delete_user", name)
+            except subprocess.CalledProcessError as exc:
+                if "does not exist" not in exc.stderr:
+                    raise
 
 
 def broker_connections(name: str) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@ through ``pystream.cli.main`` and as a real subprocess."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
+import http.server
 import io
 import json
 import os
@@ -13,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pyarrow as pa
 import pyarrow.ipc
@@ -447,6 +451,163 @@ def test_external_refused_names_the_certificate():
     assert text == (f"authentication failed: {pystream.parse_uri(EXTERNAL_URI).uri()} "
                     f"refused the TLS client certificate (EXTERNAL logs in as "
                     f"its name: is that a broker user?)")
+
+
+# --- passwords outside argv ----------------------------------------------------
+
+class Terminal(io.StringIO):
+    """stdin as a terminal (getpass itself is replaced: it reads /dev/tty)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def logged_in(status: int, out: str, err: str, stream: str) -> bool:
+    """Whether ``stats STREAM`` of a missing stream got past the login."""
+    if f"stream {stream!r} does not exist" in err:
+        return True
+    assert_one_line_error(status, out, err, "authentication failed")
+    return False
+
+
+@pytest.mark.broker
+def test_password_from_a_file_the_environment_or_the_prompt(
+        modern, stream_name, capsys, monkeypatch, tmp_path):
+    """The URI names the user; the password comes from --password-file,
+    $PYSTREAM_PASSWORD or getpass, never from argv. A wrong one in each
+    place is refused (so it was read), the right one logs in."""
+    address = pystream.parse_uri(MODERN_URI)
+    uri = f"rabbitmq-stream://{address.username}@{address.host}:{address.port}/"
+    stats = ("--uri", uri, "stats", stream_name)
+    monkeypatch.delenv("PYSTREAM_PASSWORD", raising=False)
+    secret = tmp_path / "password"
+    for text, right in ((f"{address.password}\n", True), ("Wr0ng-file\n", False)):
+        secret.write_text(text)
+        result = run(capsys, *stats, "--password-file", str(secret))
+        assert logged_in(*result, stream_name) is right
+        assert "Wr0ng" not in result[2]
+
+    monkeypatch.setenv("PYSTREAM_PASSWORD", "Wr0ng-env")
+    assert not logged_in(*run(capsys, *stats), stream_name)
+    monkeypatch.setenv("PYSTREAM_PASSWORD", address.password)
+    assert logged_in(*run(capsys, *stats), stream_name)
+    monkeypatch.delenv("PYSTREAM_PASSWORD")
+
+    prompts: list[str] = []
+
+    def getpass(prompt: str) -> str:
+        prompts.append(prompt)
+        return answer
+
+    monkeypatch.setattr("getpass.getpass", getpass)
+    answer = "Wr0ng-typed"
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    assert not logged_in(*run(capsys, *stats), stream_name)  # by itself on a TTY
+    answer = address.password
+    assert logged_in(*run(capsys, *stats), stream_name)
+    assert prompts == [f"password for {pystream.parse_uri(uri).uri()}: "] * 2
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a TTY: no prompt
+    assert logged_in(*run(capsys, *stats), stream_name)  # the default, guest
+    assert len(prompts) == 2
+    answer = "Wr0ng-asked"
+    assert not logged_in(*run(capsys, *stats, "--password-prompt"), stream_name)
+    assert len(prompts) == 3
+
+
+def test_password_options_that_conflict_are_usage_errors(capsys, tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("S3cret\n")
+    for argv, words in [
+            (["--uri", "rabbitmq-stream://guest:guest@localhost:1/",
+              "--password-file", str(secret)], "the URI holds a password"),
+            (["--password-file", str(secret), "--password-prompt"], "not both"),
+            (["--uri", "rabbitmq-stream+tls://localhost:1/", "--cert-file", "c.pem",
+              "--sasl-mechanism", "EXTERNAL", "--password-prompt"], "EXTERNAL")]:
+        status, out, err = run(capsys, *argv, "stats", "s")
+        assert status == 2 and words in err, err
+        assert "S3cret" not in err
+    status, out, err = run(capsys, "--uri", "rabbitmq-stream://guest@localhost:1/",
+                           "--password-file", str(tmp_path / "none"), "stats", "s")
+    assert_one_line_error(status, out, err, "No such file", str(tmp_path / "none"))
+
+
+# --- the management API's Basic auth --------------------------------------------
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every GET as ``answer`` says, and records the Authorization
+    header it came with."""
+
+    seen: list[str | None]
+    answer: tuple[int, dict[str, str], bytes]
+
+    def do_GET(self) -> None:
+        self.seen.append(self.headers.get("Authorization"))
+        code, headers, body = self.answer
+        self.send_response(code)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def http_server(code: int, headers: dict[str, str], body: bytes = b""):
+    handler = type("Handler", (Recorder,), {"seen": [], "answer": (code, headers, body)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler.seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_streams_does_not_follow_a_redirect_with_the_password(capsys):
+    """A management URL that redirects (here to another port, as it could to
+    another host) is an error: the Authorization header goes nowhere else."""
+    uri = "rabbitmq-stream://guest:S3cret@localhost/"
+    with http_server(200, {"Content-Type": "application/json"}, b"[]") as (target, reached):
+        with http_server(302, {"Location": f"{target}/api/queues/%2F"}) as (url, asked):
+            status, out, err = run(capsys, "--uri", uri, "streams",
+                                   "--management-url", url)
+    assert_one_line_error(status, out, err, "redirected (302)", target, "not followed")
+    assert len(asked) == 1 and reached == []
+    assert "S3cret" not in err
+
+
+def test_streams_sends_no_password_over_plain_http_to_another_host(capsys, monkeypatch):
+    """Basic auth over http:// goes to this machine only, unless
+    --allow-plain-http: refused before any request."""
+    requests: list[str] = []
+
+    def open_(self, request, *args, **kwargs):
+        requests.append(request.full_url)
+        raise urllib.error.URLError("no network in this test")
+
+    monkeypatch.setattr(urllib.request.OpenerDirector, "open", open_)
+    remote = "rabbitmq-stream://guest:S3cret@broker.example.com/"
+    for argv in (["--uri", remote, "streams"],
+                 ["streams", "--management-url", "http://broker.example.com:15672"]):
+        status, out, err = run(capsys, *argv)
+        assert status == 2 and "plain http" in err and "--allow-plain-http" in err, err
+        assert "S3cret" not in err
+    assert requests == []
+    for argv in (["--uri", remote, "streams", "--allow-plain-http"],
+                 ["--uri", remote, "streams", "--management-url",
+                  "https://broker.example.com:15671"],
+                 ["--uri", "rabbitmq-stream://guest:S3cret@127.0.0.2/", "streams"]):
+        status, out, err = run(capsys, *argv)
+        assert_one_line_error(status, out, err, "cannot reach the management API")
+    assert requests == [
+        "http://broker.example.com:15672/api/queues/%2F?columns=name,type,messages,"
+        "message_bytes,segments",
+        "https://broker.example.com:15671/api/queues/%2F?columns=name,type,messages,"
+        "message_bytes,segments",
+        "http://127.0.0.2:15672/api/queues/%2F?columns=name,type,messages,"
+        "message_bytes,segments"]
 
 
 # --- errors -------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -15,7 +15,7 @@ from pystream import protocol as P
 from pystream.features import FIRST_RELEASE
 from pystream.uri import parse_uri
 
-from .conftest import BROKERS, MODERN_URI, broker_ctl, run_broker
+from .conftest import BROKERS, MODERN_URI, broker_ctl, broker_user, run_broker
 
 EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10.", "latest": "4.3."}
 
@@ -228,17 +228,15 @@ def test_sasl_mechanism_not_offered(uri):
         pystream.connect(uri, sasl_mechanism="NO-SUCH-MECHANISM")
 
 
+#: The read-only user's name, this session's own (``broker_user``).
+READER_USER = f"pystream-reader-{os.getpid()}"
+
+
 @pytest.fixture(scope="module")
 def reader_user():
-    """A user that may read but not configure, on both brokers."""
-    for broker in BROKERS:
-        try:
-            broker_ctl(broker, "add_user", "pystream-reader", "reader-pw")
-        except subprocess.CalledProcessError:
-            pass  # already there from an earlier run
-        broker_ctl(broker, "set_permissions", "-p", "/", "pystream-reader",
-                   "^$", "^$", ".*")
-    return "pystream-reader:reader-pw"
+    """A user that may read but not configure, on every broker."""
+    with broker_user(BROKERS, READER_USER, "reader-pw", "^$", "^$", ".*"):
+        yield f"{READER_USER}:reader-pw"
 
 
 @pytest.mark.broker

@@ -4,35 +4,40 @@ objects, every log record pystream writes (debug included) and every
 metric (attributes and values) through connecting, publishing, consuming and
 recovering from a closed connection,
 the text and whole traceback of the errors a user sees, and what a Spark
-plan pickles for its executors."""
+plan pickles for its executors. Also: a password variable named but missing
+where a connection is made is an error, not a login as guest, and the users
+the tests make do not stay on the brokers."""
 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import secrets
+import subprocess
+import sys
 import time
 import traceback
+from collections.abc import Iterator
 
 import pytest
 
 import pystream
 from pystream.spark import BrokerRef, plan_ranges
 
-from .conftest import MODERN_URI, broker_ctl
+from . import leftovers
+from .conftest import MANAGEMENT, MODERN_URI, ROOT, broker_ctl, broker_user, local_spark
 
 pytestmark = pytest.mark.broker
 
-USER = "pystream-audit"
+USER = f"pystream-audit-{os.getpid()}"
 
 
 @pytest.fixture(scope="module")
-def password() -> str:
+def password() -> Iterator[str]:
     secret = f"audit-{secrets.token_hex(8)}"
-    broker_ctl("modern", "add_user", USER, secret)
-    broker_ctl("modern", "set_permissions", "-p", "/", USER, ".*", ".*", ".*")
-    yield secret
-    broker_ctl("modern", "delete_user", USER)
+    with broker_user(["modern"], USER, secret, ".*", ".*", ".*"):
+        yield secret
 
 
 @pytest.fixture
@@ -170,3 +175,72 @@ def test_password_changed_while_away_fails_instead_of_retrying(
         producer.close()
         consumer.close()
         client.delete_stream(stream_name)
+
+
+# --- a password variable named but missing ------------------------------------
+
+def test_a_named_password_variable_missing_is_an_error(monkeypatch):
+    """Where a connection is made (a Spark executor), a passwordEnv that is
+    not set is MissingPassword naming it, not a login with the default
+    password; the default variable may be missing for guest only."""
+    from pystream.spark.options import broker_ref, normalize
+
+    monkeypatch.delenv("PYSTREAM_AUDIT_PASSWORD", raising=False)
+    monkeypatch.delenv("PYSTREAM_PASSWORD", raising=False)
+    named = broker_ref(normalize({"uri": "rabbitmq-stream://localhost:5552/",
+                                  "passwordEnv": "PYSTREAM_AUDIT_PASSWORD"}))
+    with pytest.raises(pystream.MissingPassword,
+                       match="PYSTREAM_AUDIT_PASSWORD") as missing:
+        named.address()
+    assert missing.value.source == "PYSTREAM_AUDIT_PASSWORD"
+    assert "spark.executorEnv.PYSTREAM_AUDIT_PASSWORD" in str(missing.value)
+    # Sent to the driver as it is (Spark pickles a task's exception).
+    assert pickle.loads(pickle.dumps(missing.value)).source == "PYSTREAM_AUDIT_PASSWORD"
+    alice = broker_ref(normalize({"uri": "rabbitmq-stream://alice@localhost:5552/"}))
+    with pytest.raises(pystream.MissingPassword, match="PYSTREAM_PASSWORD"):
+        alice.address()
+    guest = broker_ref(normalize({"uri": "rabbitmq-stream://localhost:5552/"}))
+    assert guest.address().password == "guest"
+    monkeypatch.setenv("PYSTREAM_AUDIT_PASSWORD", "from-the-environment")
+    assert named.address().password == "from-the-environment"
+
+
+def test_a_spark_executor_without_the_password_variable_fails(
+        modern, stream_name, monkeypatch):
+    """The variable is set in this process only after the local Spark JVM
+    started: its Python workers (the executors) lack it. The read fails
+    naming it, rather than logging in as guest with the default password."""
+    address = pystream.parse_uri(MODERN_URI)
+    modern.create_stream(stream_name)
+    try:
+        with modern.producer(stream_name) as producer:
+            producer.send_batch([b"x"] * 10).result(30)
+        spark = local_spark()
+        variable = f"PYSTREAM_AUDIT_PASSWORD_{os.getpid()}"
+        monkeypatch.setenv(variable, address.password)
+        reader = (spark.read.format("rabbitmq_stream")
+                  .option("uri", f"rabbitmq-stream://{address.host}:{address.port}/")
+                  .option("passwordEnv", variable)
+                  .option("stream", stream_name))
+        with pytest.raises(Exception, match="MissingPassword") as failed:
+            reader.load().count()
+        assert variable in str(failed.value)
+    finally:
+        modern.delete_stream(stream_name)
+
+
+# --- the tests' users ---------------------------------------------------------
+
+def test_the_reader_user_is_deleted_after_its_tests():
+    """The read-only user of test_client.py's access test is gone from every
+    broker once that test ran, whatever the suite's own cleanup does."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/test_client.py::test_access_refused"], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYSTREAM_TEST_KEEP_LEFTOVERS": "1"})
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, out
+    user = f"pystream-reader-{run.pid}"
+    for url in MANAGEMENT.values():
+        assert ("users", "", user) not in leftovers.leftovers(leftovers.Management(url))

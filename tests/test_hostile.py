@@ -174,3 +174,35 @@ def test_silent_server_is_lost_after_two_heartbeats():
     assert offsets == list(range(GOOD))
     assert isinstance(raised, pystream.ConnectionLost)
     assert time.monotonic() - started < 10
+
+
+def test_frame_max_0_keeps_the_deliver_size_limit():
+    """frame_max=0 on both sides lifts the negotiated limit only: a Deliver
+    size prefix of 4 GiB still fails on max_deliver_size, before the reader
+    makes room for it."""
+    deliver_head = struct.pack(">IHH", 0xFFFFFFF0, P.Deliver.KEY, 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    offsets: list[int] = []
+    with HostileServer(after_good(deliver_head + b"\0" * 64), frame_max=0) as server:
+        with pystream.connect(server.uri, frame_max=0) as client:
+            assert client.connection.frame_max == 0
+            with client.consumer("s", offset="first",
+                                 recovery_timeout=1.0) as consumer:
+                with pytest.raises(pystream.FrameTooLarge, match="max_deliver_size"):
+                    for batch in consumer.batches(timeout=10.0):
+                        offsets += batch.column("offset").to_pylist()
+    assert offsets == list(range(GOOD))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 64
+
+
+def test_frame_max_0_bounds_frames_before_tune():
+    """Before the broker's Tune, a client asking for frame_max=0 reads with
+    max_deliver_size as its bound, not none."""
+    from pystream.connection import Connection
+    from pystream.uri import parse_uri
+    conn = Connection(parse_uri("rabbitmq-stream://127.0.0.1:1"), frame_max=0,
+                      max_deliver_size=1 << 20)
+    reader = conn._reader
+    reader.feed(struct.pack(">IHH", 0xFFFFFFF0, P.PeerPropertiesResponse.KEY, 1))
+    assert len(reader.writable()) < 2 << 20

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pystream
 
-from .common import CliError, serve_metrics, start_spec
+from .common import CliError, resolve_password, serve_metrics, start_spec
 from .parser import build_parser
 from .publish import PUBLISH_BATCH, line_batches
 
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(stop.code or 0)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
+        if args.broker:
+            resolve_password(args)
         serve_metrics(args)
         return run(args)
     except KeyboardInterrupt:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ipaddress
 import json
 import ssl
 import urllib.error
 import urllib.request
-from typing import Any
-from urllib.parse import quote
+from email.message import Message
+from typing import IO, Any, NoReturn
+from urllib.parse import quote, urlsplit
 
 import pystream
 from pystream.ranges import stream_bounds
@@ -73,7 +75,8 @@ def cmd_streams(args: argparse.Namespace) -> int:
     queues = _management_get(
         base, f"/api/queues/{quote(address.virtual_host, safe='')}"
         "?columns=name,type,messages,message_bytes,segments",
-        address.username, address.password, context)
+        address.username, address.password, context,
+        allow_plain_http=args.allow_plain_http)
     streams = sorted(({"name": q["name"], "messages": q.get("messages"),
                        "segments": q.get("segments"),
                        "size": q.get("message_bytes")}
@@ -95,13 +98,52 @@ def cmd_streams(args: argparse.Namespace) -> int:
     return 0
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses redirects: urllib would send the Authorization header along,
+    to whatever host the answer names."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes],
+                         code: int, msg: str, headers: Message,
+                         newurl: str) -> NoReturn:
+        raise CliError(f"the management API at {_origin(req.full_url)} "
+                       f"redirected ({code}) to {_origin(newurl)}: not followed, "
+                       "the password would go along; give --management-url "
+                       "the address it redirects to")
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: where it resolves to is not ours to trust
+
+
 def _management_get(base: str, path: str, user: str, password: str,
-                    context: ssl.SSLContext | None) -> Any:
+                    context: ssl.SSLContext | None, *,
+                    allow_plain_http: bool = False) -> Any:
+    """GET a management API path with Basic auth. Plain http carries the
+    password readable on the network: only to this machine, unless
+    ``allow_plain_http``."""
+    host = urlsplit(base).hostname or ""
+    if base.startswith("http://") and not allow_plain_http and not _is_loopback(host):
+        raise CliError(f"the management API at {base} is plain http: the "
+                       f"password of {user!r} would cross the network "
+                       "readable; use an https:// --management-url, or "
+                       "--allow-plain-http to send it anyway", status=2)
     token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
     request = urllib.request.Request(base + path,
                                      headers={"Authorization": f"Basic {token}"})
+    opener = urllib.request.build_opener(
+        _NoRedirect, urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+        with opener.open(request, timeout=30) as answer:
             return json.load(answer)
     except urllib.error.HTTPError as exc:
         raise CliError(f"the management API at {base} answered {exc.code} "

@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import getpass
+import os
 import pathlib
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pyarrow as pa
 
 import pystream
+from pystream.ranges import DEFAULT_PASSWORD_ENV
 from pystream.tls import tls_options
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+#: Where the password is read when neither the URI nor an option holds it
+#: (the Spark data source's default ``passwordEnv`` too).
+PASSWORD_ENV = DEFAULT_PASSWORD_ENV
 MANAGEMENT_PORT = 15672
 MANAGEMENT_TLS_PORT = 15671
 OPTIONAL_COLUMNS = ("properties", "application_properties",
@@ -121,6 +129,48 @@ def management_url(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, "
                                          f"not {text!r}")
     return text.rstrip("/")
+
+
+def resolve_password(args: argparse.Namespace) -> None:
+    """Put the password into ``args.uri``, read from ``--password-file``,
+    ``--password-prompt``, else the URI, else ``$PYSTREAM_PASSWORD``, else a
+    prompt when stdin is a terminal and the URI names a user without a
+    password: a password in argv is in the shell's history and ``ps``."""
+    parts = urlsplit(args.uri)
+    flags = [flag for flag, given in (("--password-file", args.password_file is not None),
+                                      ("--password-prompt", args.password_prompt))
+             if given]
+    if len(flags) > 1:
+        raise CliError("give --password-file or --password-prompt, not both", 2)
+    if flags and parts.password is not None:
+        raise CliError(f"the URI holds a password: give it there or with "
+                       f"{flags[0]}, not both", 2)
+    if args.sasl_mechanism == "EXTERNAL":
+        if flags:
+            raise CliError(f"{flags[0]}: EXTERNAL logs in as the client "
+                           "certificate's name and sends no password", 2)
+        return
+    if args.password_file is not None:
+        with open(args.password_file, encoding="utf-8") as f:
+            password = f.read().strip("\r\n")
+    elif args.password_prompt:
+        password = _prompt(args.uri)
+    elif parts.password is not None:
+        return
+    elif PASSWORD_ENV in os.environ:
+        password = os.environ[PASSWORD_ENV]
+    elif parts.username is not None and sys.stdin.isatty():
+        password = _prompt(args.uri)
+    else:
+        return  # guest, or the user with the default password
+    user, _, host = parts.netloc.rpartition("@")
+    netloc = f"{user or 'guest'}:{quote(password, safe='')}@{host}"
+    args.uri = urlunsplit(parts._replace(netloc=netloc))
+
+
+def _prompt(uri: str) -> str:
+    # getpass reads the terminal, not stdin (publish's input).
+    return getpass.getpass(f"password for {pystream.parse_uri(uri).uri()}: ")
 
 
 def connection_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,8 +14,11 @@ Commands (pystream COMMAND --help for each one's options):
   bench KIND        run the source checkout's latency or throughput benchmark
 
 The broker is --uri, else $PYSTREAM_URI, else
-rabbitmq-stream://guest:guest@localhost:5552/; a rabbitmq-stream+tls:// URI
-connects over TLS (--ca-file, --cert-file, --key-file, --sasl-mechanism
+rabbitmq-stream://guest:guest@localhost:5552/. Its password is better not in
+the URI (shell history, ps): --password-file, $PYSTREAM_PASSWORD or the
+prompt (--password-prompt; by itself when stdin is a terminal and the URI
+names a user without a password). A rabbitmq-stream+tls:// URI connects over
+TLS (--ca-file, --cert-file, --key-file, --sasl-mechanism
 EXTERNAL for a private CA and a client certificate). An error prints one line,
 "pystream: error: ...", and exits 1 (2 for usage errors); --debug shows its
 traceback instead. Ctrl-C ends tail and watch with status 0, other commands
@@ -40,6 +43,7 @@ from .common import (
     MANAGEMENT_PORT,
     MANAGEMENT_TLS_PORT,
     OPTIONAL_COLUMNS,
+    PASSWORD_ENV,
     broker_uri,
     columns_list,
     dump_path,
@@ -72,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         _add_global_options(sub, top=False)
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, broker=True)
         return sub
 
     tail = command("tail", cmd_tail, "follow a stream and print its messages "
@@ -139,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"https://<broker host>:{MANAGEMENT_TLS_PORT} for a TLS URI); the "
         "URI's user and password log in, and an https URL is verified with "
         "--ca-file (and --cert-file, --key-file)")
+    streams.add_argument("--allow-plain-http", action="store_true",
+                         help="log in to an http:// management URL on another "
+                         "host (refused by default: Basic auth sends the "
+                         "password readable); redirects are never followed")
     streams.add_argument("--json", action="store_true", help="print JSON")
 
     create = command("create", cmd_create, "create a stream")
@@ -161,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = command("bench", cmd_bench, "run bench/bench_latency.py "
                     "(latency) or bench/bench_consume.py (throughput) of the "
                     "source checkout, with the arguments that follow")
+    bench.set_defaults(broker=False)  # the scripts take their own --uri
     bench.add_argument("kind", choices=tuple(BENCH_SCRIPTS))
     bench.add_argument("args", nargs=argparse.REMAINDER,
                        help="passed to the script (--help: its options)")
@@ -177,6 +186,14 @@ def _add_global_options(parser: argparse.ArgumentParser, top: bool) -> None:
                         default=default(os.environ.get("PYSTREAM_URI", DEFAULT_URI)),
                         help="the broker (default: $PYSTREAM_URI, else "
                         f"{DEFAULT_URI})")
+    parser.add_argument("--password-file", metavar="PATH", default=default(None),
+                        help="read the password from this file (its text, "
+                        "without the line end), not from the URI")
+    parser.add_argument("--password-prompt", action="store_true",
+                        default=default(False),
+                        help="ask for the password on the terminal (also done "
+                        "when stdin is a terminal and the URI names a user "
+                        f"without a password, and ${PASSWORD_ENV} is unset)")
     parser.add_argument("--debug", action="store_true", default=default(False),
                         help="show the traceback of an error")
     parser.add_argument("--metrics-port", type=port_number, metavar="PORT",

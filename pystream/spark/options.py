@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..ranges import BrokerRef
+from ..ranges import DEFAULT_PASSWORD_ENV, BrokerRef
 from ..records import Filter
 
 #: The JVM connector's spelling -> ours (lower case, as options are compared).
@@ -39,7 +39,7 @@ def broker_ref(opts: dict[str, str]) -> BrokerRef:
         raise ValueError("the 'password' option would travel with the plan "
                          "to every executor: use passwordEnv or passwordFile")
     return BrokerRef(opts.get("uri", "rabbitmq-stream://localhost:5552/"),
-                     opts.get("passwordenv", "PYSTREAM_PASSWORD"),
+                     opts.get("passwordenv", DEFAULT_PASSWORD_ENV),
                      opts.get("passwordfile"),
                      ca_file=opts.get("tlscafile"),
                      cert_file=opts.get("tlscertfile"),
