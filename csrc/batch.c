@@ -497,9 +497,9 @@ static int add_error_text(ps_batch *b, const ps_error *e)
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
-#define RENDER_OVER "AMQP properties and annotations render past their text budget (" \
-    STR(PS_RENDER_FACTOR) " bytes per message byte + " STR(PS_RENDER_SLACK) \
-    ", at most 256 MiB)"
+#define RENDER_OVER "AMQP properties, annotations and footer render past their text " \
+    "budget (" STR(PS_RENDER_FACTOR) " bytes per message byte + " STR(PS_RENDER_SLACK) \
+    " bytes, at most 256 MiB)"
 
 static int add_record(ps_batch *b, const uint8_t *p, uint32_t n, int region,
                       uint64_t offset, int64_t timestamp_us, uint64_t pos,
