@@ -664,9 +664,11 @@ static int render(const ps_value *v, out *o, int json, int depth)
                                     : put_double(o, d, 0);
     }
     case 0xa1: case 0xb1: case 0xa3: case 0xb3:
+        if (json)               /* its text, checked there, in quotes */
+            return render_quoted(v, o, depth);
         if (!ps_utf8_valid(p, v->len))
             return PS_RENDER_MALFORMED;
-        return json ? render_quoted(v, o, depth) : put(o, p, v->len);
+        return put(o, p, v->len);
     case 0x45: case 0xc0: case 0xd0: case 0xc1: case 0xd1: case 0xe0: case 0xf0:
         return render_compound(v, o, depth);
     }
