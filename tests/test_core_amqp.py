@@ -423,6 +423,15 @@ def test_budget_error_follows_the_error_policy():
     assert decode(wire).num_rows == 3
 
 
+def test_zero_width_items_are_bounded_by_the_budget_only():
+    # an amqp-value body of 2**20 nulls is a valid message: only its text
+    # (in a column) is bounded
+    nulls = array32(1 << 20, b"\x40")
+    assert one(section(0x77, nulls))["body"] == nulls
+    with pytest.raises(MalformedMessage, match="text budget"):
+        one(app_message(text(0xa1, b"k"), nulls))
+
+
 def test_large_plain_values_fit_the_budget():
     big = bytes(range(32, 127)) * 11_000           # about 1 MiB of text
     ctl = b"\x01\"\\" * 1000                        # 6x, 2x, 2x inside JSON

@@ -214,5 +214,5 @@ def test_fuzz_array_of_empty_items_is_bounded():
     body = b"\xa1\x01k" + array
     ann = b"\x00\x53\x72\xc1" + bytes([len(body) + 1, 2]) + body
     wire = deliver(chunk([simple_entry(ann + amqp_data(b"x"))]))
-    with pytest.raises(MalformedMessage):
+    with pytest.raises(MalformedMessage, match="text budget"):
         decode(wire, columns=["message_annotations"])
