@@ -9,8 +9,6 @@
 /* Nesting bound for described values and compound values inside rendered
  * map values: deeper input is malformed, and the C stack stays small. */
 #define MAX_DEPTH 32
-/* Most items of an array of null / true / false / 0 accepted. */
-#define MAX_EMPTY_ITEMS 65536
 
 static int read_value(const uint8_t *p, const uint8_t *end, ps_value *v,
                       int depth);
@@ -97,9 +95,9 @@ static int read_payload(uint8_t c, const uint8_t *p, const uint8_t *end,
         v->elem = *q++;
         v->p = q;
         v->len = (uint32_t)(e - q);
-        /* items of a zero-width element type take no bytes: bound them so
-         * that a few input bytes cannot render into gigabytes of text */
-        if ((v->elem >> 4) == 0x4 ? v->count > MAX_EMPTY_ITEMS : v->count > v->len)
+        /* items of a zero-width element type take no bytes: their text is
+         * bounded by the record's budget (ps_render), not here */
+        if ((v->elem >> 4) != 0x4 && v->count > v->len)
             return -1;
     }
     return 0;
@@ -390,42 +388,94 @@ int ps_amqp_bytes(const ps_value *v, const uint8_t **p, uint32_t *n)
  *                         (text types quoted, numbers and booleans bare, null)
  *   described value       JSON {"descriptor": d, "value": v}, both as JSON
  *                         (so a symbolic descriptor is quoted, a ulong bare)
- * A null value is a null entry, not text: callers check for code 0x40.
+ * A map key inside JSON is always a JSON string: the text of a key that is
+ * not a string or symbol, quoted.  A null value is a null entry, not text:
+ * callers check for code 0x40.  Everything written counts against the
+ * record's budget (ps_render) before it is written.
  */
 
-static int put(ps_buf *o, const void *p, size_t n)
+/* Where text goes: the record's buffer and budget, and how many JSON
+ * strings the text being written is inside (a key that is not text is
+ * quoted, and a key inside it quoted again: each level escapes the text
+ * once more, as it is written, never by copying what was written). */
+typedef struct out {
+    ps_buf *buf;
+    ps_render *r;
+    int esc;
+} out;
+
+/* Append n bytes as they read inside `esc` levels of JSON string quoting. */
+static int put_esc(out *o, const uint8_t *p, size_t n, int esc)
 {
-    return ps_buf_put(o, p, n) ? -1 : 0;
+    o->r->steps++;
+    if (esc == 0) {
+        if (n > o->r->left)
+            return o->r->over = 1, PS_RENDER_OVER;
+        o->r->left -= n;
+        return ps_buf_put(o->buf, p, n) ? PS_RENDER_NOMEM : 0;
+    }
+    size_t run = 0;
+    int rc;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i], e[8];
+        size_t k;
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;       /* the same text at every level */
+        if ((rc = put_esc(o, p + run, i - run, 0)))
+            return rc;
+        run = i + 1;
+        if (c == '"' || c == '\\') {
+            e[0] = '\\';
+            e[1] = c;
+            k = 2;
+        } else {
+            k = (size_t)snprintf((char *)e, sizeof e, "\\u%04x", c);
+        }
+        if ((rc = put_esc(o, e, k, esc - 1)))
+            return rc;
+    }
+    return put_esc(o, p + run, n - run, 0);
 }
 
-static int putf(ps_buf *o, const char *fmt, ...)
+static int put(out *o, const void *p, size_t n)
+{
+    return put_esc(o, p, n, o->esc);
+}
+
+static int putf(out *o, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-static int putf(ps_buf *o, const char *fmt, ...)
+static int putf(out *o, const char *fmt, ...)
 {
     char tmp[64];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    return n < 0 ? -1 : put(o, tmp, (size_t)n);
+    return n < 0 ? PS_RENDER_MALFORMED : put(o, tmp, (size_t)n);
 }
 
-static int put_hex(ps_buf *o, const uint8_t *p, size_t n)
+/* Hex digits read the same at every quoting level. */
+static int put_hex(out *o, const uint8_t *p, size_t n)
 {
     static const char digits[] = "0123456789abcdef";
-    if (ps_buf_reserve(o, 2 * n))
-        return -1;
-    uint8_t *d = o->p + o->len;
+    ps_buf *b = o->buf;
+    o->r->steps++;
+    if (n > o->r->left / 2)
+        return o->r->over = 1, PS_RENDER_OVER;
+    if (ps_buf_reserve(b, 2 * n))
+        return PS_RENDER_NOMEM;
+    o->r->left -= 2 * n;
+    uint8_t *d = b->p + b->len;
     for (size_t i = 0; i < n; i++) {
         d[2 * i] = (uint8_t)digits[p[i] >> 4];
         d[2 * i + 1] = (uint8_t)digits[p[i] & 15];
     }
-    o->len += 2 * n;
+    b->len += 2 * n;
     return 0;
 }
 
-static int put_double(ps_buf *o, double d, int is_float)
+static int put_double(out *o, double d, int is_float)
 {
     char tmp[40];
     if (isnan(d))
@@ -464,7 +514,7 @@ static void civil(int64_t days, int64_t *y, int *m, int *d)
     *y = yoe + era * 400 + (*m <= 2);
 }
 
-static int put_timestamp(ps_buf *o, int64_t ms)
+static int put_timestamp(out *o, int64_t ms)
 {
     int64_t days = ms / 86400000, rem = ms % 86400000;
     if (rem < 0) {
@@ -479,14 +529,18 @@ static int put_timestamp(ps_buf *o, int64_t ms)
                 (int)(rem / 1000 % 60), (int)(rem % 1000));
 }
 
-static int put_uuid(ps_buf *o, const uint8_t *u)
+static int put_uuid(out *o, const uint8_t *u)
 {
-    return put_hex(o, u, 4) || put(o, "-", 1) || put_hex(o, u + 4, 2) ||
-           put(o, "-", 1) || put_hex(o, u + 6, 2) || put(o, "-", 1) ||
-           put_hex(o, u + 8, 2) || put(o, "-", 1) || put_hex(o, u + 10, 6);
+    int rc;
+    (void)((rc = put_hex(o, u, 4)) || (rc = put(o, "-", 1)) ||
+           (rc = put_hex(o, u + 4, 2)) || (rc = put(o, "-", 1)) ||
+           (rc = put_hex(o, u + 6, 2)) || (rc = put(o, "-", 1)) ||
+           (rc = put_hex(o, u + 8, 2)) || (rc = put(o, "-", 1)) ||
+           (rc = put_hex(o, u + 10, 6)));
+    return rc;
 }
 
-static int put_utf8_char(ps_buf *o, uint32_t c)
+static int put_utf8_char(out *o, uint32_t c)
 {
     uint8_t b[4];
     size_t n;
@@ -496,115 +550,93 @@ static int put_utf8_char(ps_buf *o, uint32_t c)
         b[0] = (uint8_t)(0xc0 | c >> 6); b[1] = (uint8_t)(0x80 | (c & 63)); n = 2;
     } else if (c < 0x10000) {
         if (c >= 0xd800 && c < 0xe000)
-            return -1;
+            return PS_RENDER_MALFORMED;
         b[0] = (uint8_t)(0xe0 | c >> 12); b[1] = (uint8_t)(0x80 | (c >> 6 & 63));
         b[2] = (uint8_t)(0x80 | (c & 63)); n = 3;
     } else if (c < 0x110000) {
         b[0] = (uint8_t)(0xf0 | c >> 18); b[1] = (uint8_t)(0x80 | (c >> 12 & 63));
         b[2] = (uint8_t)(0x80 | (c >> 6 & 63)); b[3] = (uint8_t)(0x80 | (c & 63)); n = 4;
     } else {
-        return -1;
+        return PS_RENDER_MALFORMED;
     }
     return put(o, b, n);
 }
 
-static int put_json_string(ps_buf *o, const uint8_t *p, size_t n)
-{
-    if (put(o, "\"", 1))
-        return -1;
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = p[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        if (put(o, p + run, i - run))
-            return -1;
-        run = i + 1;
-        if (c == '"' || c == '\\') {
-            if (put(o, "\\", 1) || put(o, &p[i], 1))
-                return -1;
-        } else if (putf(o, "\\u%04x", c)) {
-            return -1;
-        }
-    }
-    return put(o, p + run, n - run) || put(o, "\"", 1);
-}
+static int render(const ps_value *v, out *o, int json, int depth);
 
-static int render(const ps_value *v, ps_buf *o, int json, int depth);
-
-/* Text of a scalar that JSON writes as a string (binary, uuid, ...): render
- * it into o, then quote the part just written. */
-static int render_quoted(const ps_value *v, ps_buf *o, int depth)
+/* A JSON string holding the text of v (rendered as at the top level, the
+ * text of a string as is): one more level of quoting while it is written. */
+static int render_quoted(const ps_value *v, out *o, int depth)
 {
-    size_t at = o->len;
-    if (render(v, o, 0, depth))
-        return -1;
-    size_t n = o->len - at;
-    uint8_t *tmp = malloc(n ? n : 1);
-    if (!tmp)
-        return -1;
-    memcpy(tmp, o->p + at, n);
-    o->len = at;
-    int rc = put_json_string(o, tmp, n);
-    free(tmp);
-    return rc;
+    int rc;
+    if ((rc = put(o, "\"", 1)))
+        return rc;
+    o->esc++;
+    rc = render(v, o, 0, depth);
+    o->esc--;
+    return rc ? rc : put(o, "\"", 1);
 }
 
 /* {"descriptor": d, "value": v}.  A described value's fields are those of
  * its value, read again after the descriptor; an array item's descriptor is
  * the array's, and the item is the value. */
-static int render_described(const ps_value *v, ps_buf *o, int depth)
+static int render_described(const ps_value *v, out *o, int depth)
 {
     ps_value d, inner;
+    int rc;
     if (depth >= MAX_DEPTH || read_value(v->desc, v->end, &d, depth + 1))
-        return -1;
+        return PS_RENDER_MALFORMED;
     if (v->start + 1 == v->desc) {
         if (read_value(d.end, v->end, &inner, depth + 1))
-            return -1;
+            return PS_RENDER_MALFORMED;
     } else {
         inner = *v;
         inner.desc = NULL;
     }
-    return put(o, "{\"descriptor\": ", 15) || render(&d, o, 1, depth + 1) ||
-           put(o, ", \"value\": ", 11) || render(&inner, o, 1, depth + 1) ||
-           put(o, "}", 1);
+    (void)((rc = put(o, "{\"descriptor\": ", 15)) ||
+           (rc = render(&d, o, 1, depth + 1)) ||
+           (rc = put(o, ", \"value\": ", 11)) ||
+           (rc = render(&inner, o, 1, depth + 1)) || (rc = put(o, "}", 1)));
+    return rc;
 }
 
-static int render_compound(const ps_value *v, ps_buf *o, int depth)
+static int render_compound(const ps_value *v, out *o, int depth)
 {
     int is_map = v->code == 0xc1 || v->code == 0xd1;
     const uint8_t *it = NULL;
     uint32_t i = 0;
     ps_value item;
+    int rc;
     if (depth >= MAX_DEPTH || (is_map && v->count % 2))
-        return -1;
-    if (put(o, is_map ? "{" : "[", 1))
-        return -1;
+        return PS_RENDER_MALFORMED;
+    if ((rc = put(o, is_map ? "{" : "[", 1)))
+        return rc;
     while (i < v->count) {
-        if (i && put(o, is_map && i % 2 ? ": " : ", ", 2))
-            return -1;
+        if (i && (rc = put(o, is_map && i % 2 ? ": " : ", ", 2)))
+            return rc;
         if (ps_amqp_next_item(v, &it, &i, &item))
-            return -1;
+            return PS_RENDER_MALFORMED;
         if (is_map && i % 2) {      /* a key: always a JSON string */
             int text = !item.desc && (item.code >> 4 == 0xa || item.code >> 4 == 0xb);
-            if (text && item.code != 0xa0 && item.code != 0xb0) {
-                if (render(&item, o, 1, depth + 1))
-                    return -1;
-            } else if (render_quoted(&item, o, depth + 1)) {
-                return -1;
-            }
-        } else if (render(&item, o, 1, depth + 1)) {
-            return -1;
+            if (text && item.code != 0xa0 && item.code != 0xb0)
+                rc = render(&item, o, 1, depth + 1);
+            else
+                rc = render_quoted(&item, o, depth + 1);
+        } else {
+            rc = render(&item, o, 1, depth + 1);
         }
+        if (rc)
+            return rc;
     }
     return put(o, is_map ? "}" : "]", 1);
 }
 
-static int render(const ps_value *v, ps_buf *o, int json, int depth)
+static int render(const ps_value *v, out *o, int json, int depth)
 {
     const uint8_t *p = v->p;
     int64_t i;
     int b;
+    o->r->steps++;
     if (v->desc)            /* the same text at the top as inside JSON */
         return render_described(v, o, depth);
     switch (v->code) {
@@ -630,9 +662,11 @@ static int render(const ps_value *v, ps_buf *o, int json, int depth)
                                     : put_double(o, d, 0);
     }
     case 0xa1: case 0xb1: case 0xa3: case 0xb3:
+        if (json)               /* its text, checked there, in quotes */
+            return render_quoted(v, o, depth);
         if (!ps_utf8_valid(p, v->len))
-            return -1;
-        return json ? put_json_string(o, p, v->len) : put(o, p, v->len);
+            return PS_RENDER_MALFORMED;
+        return put(o, p, v->len);
     case 0x45: case 0xc0: case 0xd0: case 0xc1: case 0xd1: case 0xe0: case 0xf0:
         return render_compound(v, o, depth);
     }
@@ -650,13 +684,14 @@ static int render(const ps_value *v, ps_buf *o, int json, int depth)
     case 0xa0: case 0xb0: case 0x74: case 0x84: case 0x94:
         return put_hex(o, p, v->len);
     default:
-        return -1;
+        return PS_RENDER_MALFORMED;
     }
 }
 
-int ps_amqp_render(const ps_value *v, ps_buf *out)
+int ps_amqp_render(const ps_value *v, ps_buf *buf, ps_render *r)
 {
-    return render(v, out, 0, 0);
+    out o = {buf, r, 0};
+    return render(v, &o, 0, 0);
 }
 
 int ps_utf8_valid(const uint8_t *p, size_t n)

@@ -98,9 +98,45 @@ void ps_amqp_concat(const uint8_t *p, size_t n, int code, uint8_t *dst);
  * list, a described value's descriptor included. */
 void ps_amqp_value_body(const ps_amqp_msg *m, const uint8_t **p, uint32_t *n);
 
-/* Append the value as text (see docs/the rendering in amqp.c).  0, or -1 if
- * the value is malformed (including strings that are not UTF-8). */
-int ps_amqp_render(const ps_value *v, ps_buf *out);
+/* The text budget of one record: the text of all its rendered values
+ * together may take PS_RENDER_FACTOR bytes per message byte plus
+ * PS_RENDER_SLACK, and never more than PS_RENDER_CAP.  Every rule of the
+ * rendering stays below that factor except an array's described items (each
+ * repeats the array's descriptor), items of zero width, and keys quoted
+ * inside quoted keys (each level escapes the one inside it again): without
+ * a budget a few hundred bytes could render into gigabytes.  Rendering
+ * stops as soon as the budget is used up, never after the fact. */
+#define PS_RENDER_FACTOR 16
+#define PS_RENDER_SLACK 1024
+#define PS_RENDER_CAP ((size_t)256 << 20)
+
+static inline size_t ps_render_budget(size_t message_size)
+{
+    if (message_size >= (PS_RENDER_CAP - PS_RENDER_SLACK) / PS_RENDER_FACTOR)
+        return PS_RENDER_CAP;
+    return PS_RENDER_FACTOR * message_size + PS_RENDER_SLACK;
+}
+
+/* One record's rendering: what it may still write, shared by its values,
+ * and the work done (every step writes or reads something; the fuzzer
+ * bounds it by the bytes read and written). */
+typedef struct ps_render {
+    size_t left;            /* bytes of text the record may still take */
+    uint64_t steps;
+    int over;               /* set when the budget ran out */
+} ps_render;
+
+enum {
+    PS_RENDER_MALFORMED = -1,   /* the value is malformed (strings that are
+                                   not UTF-8 included) */
+    PS_RENDER_OVER = -2,        /* the budget ran out: nothing more written */
+    PS_RENDER_NOMEM = -3,
+};
+
+/* Append the value as text (see the rendering in amqp.c), taking what it
+ * writes from r->left: 0 or a PS_RENDER_ code; on failure `out` may hold
+ * part of the text (the caller rewinds it). */
+int ps_amqp_render(const ps_value *v, ps_buf *out, ps_render *r);
 
 /* Integer, boolean and timestamp readers for typed columns: 0 if the value
  * has a matching type (null and described values excluded), -1 otherwise. */

@@ -253,16 +253,17 @@ int ps_batch_owned_region(ps_batch *b, size_t n)
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
 /* Text of an AMQP value into a string column (null stays null). */
-static int text_field(ps_col *c, const ps_value *v)
+static int text_field(ps_col *c, const ps_value *v, ps_render *r)
 {
     if (!v || v->code == 0x40)
         return col_null(c);
-    if (ps_amqp_render(v, &c->data))
-        return PS_E_AMQP;
+    int rc = ps_amqp_render(v, &c->data, r);
+    if (rc)
+        return rc == PS_RENDER_NOMEM ? PS_E_NOMEM : PS_E_AMQP;
     return col_close(c, 1, c->data.len);
 }
 
-static int fill_properties(ps_batch *b, const ps_value *list)
+static int fill_properties(ps_batch *b, const ps_value *list, ps_render *r)
 {
     const uint8_t *it = NULL;
     uint32_t i = 0;
@@ -312,7 +313,7 @@ static int fill_properties(ps_batch *b, const ps_value *list)
                 TRY(col_fixed(c, x));
             break;
         default:
-            TRY(text_field(c, v));
+            TRY(text_field(c, v, r));
         }
     }
     return col_close(&b->properties, 1, 0);
@@ -359,7 +360,8 @@ static int fill_header(ps_batch *b, const ps_value *list)
     return col_close(&b->header, 1, 0);
 }
 
-static int fill_map(ps_col *map, ps_col *keys, ps_col *values, const ps_value *m)
+static int fill_map(ps_col *map, ps_col *keys, ps_col *values, const ps_value *m,
+                    ps_render *r)
 {
     if (!m->start)
         return col_null(map);
@@ -373,26 +375,26 @@ static int fill_map(ps_col *map, ps_col *keys, ps_col *values, const ps_value *m
             return PS_E_AMQP;
         if (k.code == 0x40)
             return PS_E_AMQP;   /* Arrow map keys cannot be null */
-        TRY(text_field(keys, &k));
-        TRY(text_field(values, &v));
+        TRY(text_field(keys, &k, r));
+        TRY(text_field(values, &v, r));
     }
     return col_close(map, 1, keys->length);
 }
 
 /* Optional columns of one message; on failure the caller rewinds them. */
-static int fill_columns(ps_batch *b, const ps_amqp_msg *m)
+static int fill_columns(ps_batch *b, const ps_amqp_msg *m, ps_render *r)
 {
     unsigned cols = b->opt.columns;
     if (cols & PS_COL_PROPERTIES)
-        TRY(fill_properties(b, &m->properties));
+        TRY(fill_properties(b, &m->properties, r));
     if (cols & PS_COL_APPLICATION_PROPERTIES)
-        TRY(fill_map(&b->app, &b->app_keys, &b->app_values, &m->application_properties));
+        TRY(fill_map(&b->app, &b->app_keys, &b->app_values, &m->application_properties, r));
     if (cols & PS_COL_MESSAGE_ANNOTATIONS)
-        TRY(fill_map(&b->ann, &b->ann_keys, &b->ann_values, &m->message_annotations));
+        TRY(fill_map(&b->ann, &b->ann_keys, &b->ann_values, &m->message_annotations, r));
     if (cols & PS_COL_HEADER)
         TRY(fill_header(b, &m->header));
     if (cols & PS_COL_FOOTER)
-        TRY(fill_map(&b->foot, &b->foot_keys, &b->foot_values, &m->footer));
+        TRY(fill_map(&b->foot, &b->foot_keys, &b->foot_values, &m->footer, r));
     return 0;
 }
 
@@ -425,8 +427,9 @@ static void rewind_all(ps_batch *b, const marks *s)
 static int null_columns(ps_batch *b)
 {
     ps_amqp_msg none;
+    ps_render r = {0, 0, 0};    /* nothing to render */
     memset(&none, 0, sizeof none);
-    return fill_columns(b, &none);
+    return fill_columns(b, &none, &r);
 }
 
 /* --- records ------------------------------------------------------------------ */
@@ -492,6 +495,12 @@ static int add_error_text(ps_batch *b, const ps_error *e)
     return col_bytes(&b->error, (const uint8_t *)text, (size_t)k);
 }
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define RENDER_OVER "AMQP properties, annotations and footer render past their text " \
+    "budget (" STR(PS_RENDER_FACTOR) " bytes per message byte + " STR(PS_RENDER_SLACK) \
+    " bytes, at most 256 MiB)"
+
 static int add_record(ps_batch *b, const uint8_t *p, uint32_t n, int region,
                       uint64_t offset, int64_t timestamp_us, uint64_t pos,
                       ps_error *err)
@@ -513,11 +522,13 @@ static int add_record(ps_batch *b, const uint8_t *p, uint32_t n, int region,
     }
     rc = ps_amqp_scan(p, n, &m, err);
     if (rc == 0 && b->opt.columns) {
+        ps_render r = {ps_render_budget(n), 0, 0};
         mark_all(b, &saved);
-        rc = fill_columns(b, &m);
+        rc = fill_columns(b, &m, &r);
         if (rc == PS_E_AMQP) {
             rewind_all(b, &saved);
-            ps_fail(err, PS_E_AMQP, 0, "AMQP property or annotation value of a wrong type");
+            ps_fail(err, PS_E_AMQP, 0, r.over ? RENDER_OVER
+                    : "AMQP property or annotation value of a wrong type");
         }
     }
     if (rc == PS_E_AMQP) {

@@ -42,7 +42,8 @@ void ps_codecs_free(ps_codecs *c)
     free(c);
 }
 
-/* gzip: one RFC 1952 member that must end exactly at the end of src. */
+/* gzip: RFC 1952 members (every client writes one), one after the other up
+ * to the end of src; any other bytes after a member are corrupt. */
 static int gunzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                   size_t cap, size_t *out, uint64_t pos, ps_error *err)
 {
@@ -58,7 +59,14 @@ static int gunzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
     c->z.avail_in = (uInt)n;
     c->z.next_out = dst;
     c->z.avail_out = (uInt)cap;
-    int rc = inflate(&c->z, Z_FINISH);
+    int rc;
+    while ((rc = inflate(&c->z, Z_FINISH)) == Z_STREAM_END && c->z.avail_in > 0) {
+        if (c->z.avail_in < 2 || c->z.next_in[0] != 0x1f || c->z.next_in[1] != 0x8b)
+            return ps_fail(err, PS_E_CHUNK, pos + (n - c->z.avail_in),
+                           "bytes after the gzip member are not another member");
+        if (inflateReset(&c->z) != Z_OK)
+            return ps_fail(err, PS_E_NOMEM, pos, "zlib inflateReset failed");
+    }
     *out = cap - c->z.avail_out;
     if (rc == Z_STREAM_END)
         return PS_OK;

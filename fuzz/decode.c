@@ -10,12 +10,92 @@
  * The CRC-32 of the input, split where its first byte says, must combine
  * from its two halves (the stream decoder's two-core check), and a Deliver
  * frame's CRC begun piece by piece as the reader got them must finish as
- * its entries' CRC. */
+ * its entries' CRC.
+ *
+ * A single message (bit 7) is also rendered directly: every section and
+ * every item of it as text, within the record's budget or, with bit 4
+ * clear, a tight one picked by the low bits; the text must never pass the
+ * budget, every byte written must be taken from it, and the renderer's
+ * steps must stay within a constant of the bytes read and written (a
+ * bomb, which renders more than the budget, must stop at it).  The text
+ * columns ps_batch_add filled stay within the budget too. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "amqp.h"
 #include "chunk.h"
 #include "crc.h"
+
+/* Steps per byte read or written, and per value rendered, that the renderer
+ * may take: each step writes a run of text or starts a value. */
+#define STEPS_PER_BYTE 16
+
+/* Render v into out against r: what ps_amqp_render returned. */
+static int check_text(const ps_value *v, ps_buf *out, ps_render *r, size_t budget,
+                      size_t n)
+{
+    int rc = ps_amqp_render(v, out, r);
+    if (out->len > budget || out->len != budget - r->left) {
+        fprintf(stderr, "rendered %zu bytes, budget %zu, left %zu\n", out->len,
+                budget, r->left);
+        abort();
+    }
+    if ((rc == PS_RENDER_OVER && !r->over) || (rc == PS_RENDER_MALFORMED && r->over))
+        abort();            /* the budget's error, and only it, says it ran out */
+    if (r->steps > STEPS_PER_BYTE * ((uint64_t)n + out->len) + 64) {
+        fprintf(stderr, "%llu steps for %zu bytes read, %zu written\n",
+                (unsigned long long)r->steps, n, out->len);
+        abort();
+    }
+    return rc;
+}
+
+static void check_render(const uint8_t *msg, size_t n, uint8_t mode)
+{
+    ps_amqp_msg m;
+    ps_error err;
+    if (ps_amqp_scan(msg, n, &m, &err) != PS_OK)
+        return;
+    const ps_value *sections[] = {&m.header, &m.message_annotations, &m.properties,
+                                  &m.application_properties, &m.footer, &m.value};
+    size_t budget = (mode & 0x10) ? ps_render_budget(n) : (size_t)(mode & 0x0f) * 37;
+    ps_buf out = {0};
+    ps_render whole = {budget, 0, 0}, items = {budget, 0, 0};
+    for (size_t s = 0; s < sizeof sections / sizeof *sections; s++) {
+        const ps_value *v = sections[s];
+        if (v->start && check_text(v, &out, &whole, budget, n) == PS_RENDER_OVER)
+            break;
+    }
+    ps_buf_free(&out);
+    /* each item on its own, as the columns render them (they stop at the
+     * first that fails) */
+    for (size_t s = 0; s < sizeof sections / sizeof *sections && !items.over; s++) {
+        const ps_value *c = sections[s];
+        const uint8_t *it = NULL;
+        uint32_t i = 0;
+        ps_value item;
+        if (!c->start || c->code < 0xc0)
+            continue;
+        while (ps_amqp_next_item(c, &it, &i, &item) == 0 &&
+               check_text(&item, &out, &items, budget, n) == 0) {
+        }
+    }
+    ps_buf_free(&out);
+}
+
+/* The text ps_batch_add wrote for one message's optional columns. */
+static size_t text_written(const ps_batch *b)
+{
+    const ps_col *cols[] = {&b->app_keys, &b->app_values, &b->ann_keys, &b->ann_values,
+                            &b->foot_keys, &b->foot_values};
+    size_t total = 0;
+    for (int f = 0; f < PS_PROP_FIELDS; f++)
+        if (f != 1)         /* user-id: bytes as they are, not rendered */
+            total += b->prop[f].data.len;
+    for (size_t i = 0; i < sizeof cols / sizeof *cols; i++)
+        total += cols[i]->data.len;
+    return total;
+}
 
 static void check_crc_combine(const uint8_t *data, size_t size, uint8_t mode)
 {
@@ -120,6 +200,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (mode & 0x80) {
         int region = ps_batch_input_region(&b, copy, size);
         rc = ps_batch_add(&b, copy, (uint32_t)size, region, 0, 0, 0, &err);
+        if (text_written(&b) > ps_render_budget(size))
+            abort();
+        check_render(copy, size, mode);
     } else {
         rc = ps_decode_buffer(copy, size, &b, &err);
     }

@@ -3,6 +3,13 @@ peer sends, the connection's frame dispatch (the C frame reader, then
 ``protocol.decode`` and the handlers) raises a ``StreamError`` or nothing,
 never another exception.
 
+The same bytes, read as the broker's size-prefixed frames, also answer a
+connection's handshake (peer properties, SASL, Tune, Open, command
+versions): each request the client sends is answered by the frames up to
+the next response, its correlation id set to the request's so that the
+fuzzer reaches every step. The handshake must open or raise a
+``StreamError``, and what it negotiated must hold together.
+
     .venv/bin/python fuzz/dispatch.py -max_total_time=60 CORPUS_DIR
 """
 
@@ -16,6 +23,7 @@ with atheris.instrument_imports():
     from pystream import protocol as P
     from pystream.connection import Connection
     from pystream.errors import StreamError
+    from pystream.handshake import Negotiated, handshake
     from pystream.uri import parse_uri
 
 ADDRESS = parse_uri("rabbitmq-stream://fuzz/")
@@ -44,7 +52,55 @@ class Sink:
         pass
 
 
+def broker_frames(data: bytes) -> list[bytes]:
+    """The size-prefixed frames of ``data`` (the last one cut short if the
+    bytes end early)."""
+    frames, pos = [], 0
+    while pos + 4 <= len(data):
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        frames.append(data[pos:pos + 4 + n])
+        pos += 4 + n
+    return frames
+
+
+def fuzz_handshake(data: bytes) -> None:
+    frames = broker_frames(data)
+    connection = Connection(ADDRESS, frame_max=1 << 16, max_deliver_size=1 << 20)
+    reader = connection._reader
+
+    def answer(frame: bytes | bytearray) -> None:
+        """The broker's side: the next frames, up to and including a
+        response, that one under the request's correlation id (the
+        client's own answers, such as TuneResponse, get none)."""
+        if len(frame) < 12 or frame[4] & 0x80:
+            return
+        corr = bytes(frame[8:12])
+        while frames:
+            reply = bytearray(frames.pop(0))
+            response = len(reply) >= 12 and reply[4] & 0x80
+            if response:
+                reply[8:12] = corr
+            reader.feed(bytes(reply))
+            connection._drain(reader)
+            if response:
+                return
+
+    connection.send_bytes = answer  # type: ignore[method-assign]
+    tuned = []
+    try:
+        out = handshake(connection, ADDRESS, connection._tune, sasl_mechanism="PLAIN",
+                        connection_name="fuzz", frame_max=1 << 20, heartbeat=60,
+                        timeout=0, on_tuned=tuned.append)
+    except StreamError:
+        return
+    assert isinstance(out, Negotiated)
+    assert tuned == [out.frame_max]
+    assert 0 <= out.frame_max <= 1 << 20 and out.frame_max != 0
+    assert 0 <= out.heartbeat <= 0xFFFFFFFF
+
+
 def test_one_input(data: bytes) -> None:
+    fuzz_handshake(data)
     # Every frame also goes through the generic decoder directly.
     try:
         P.decode(data[4:])

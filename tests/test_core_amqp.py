@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pystream._core import decode
+from pystream.errors import MalformedMessage
 
 from .golden import amqp10, amqp10_names, amqp_data, chunk, deliver, simple_entry
 
@@ -254,3 +255,206 @@ def test_chunks_against_rbfly(bodies, first):
     ours = decode(frame)
     assert ours.column("body").to_pylist() == [m.body for m in theirs] == bodies
     assert ours.column("offset").to_pylist() == [m.stream_offset for m in theirs]
+
+
+# --- the text budget: rendering bombs -----------------------------------------
+#
+# A record's text columns may take 16 bytes per message byte + 1 KiB
+# (csrc/amqp.h, docs/decoding.md); rendering stops when they would take more.
+
+def budget(message: bytes) -> int:
+    return min(16 * len(message) + 1024, 256 << 20)
+
+
+def compound(code: int, *items: bytes) -> bytes:
+    """A list (0xc0) or map (0xc1) of these encoded items, 8- or 32-bit sizes."""
+    body = b"".join(items)
+    if len(body) < 255 and len(items) < 256:
+        return bytes([code, len(body) + 1, len(items)]) + body
+    return bytes([code + 0x10]) + struct.pack(">II", len(body) + 4, len(items)) + body
+
+
+def array32(count: int, element: bytes, payload: bytes = b"") -> bytes:
+    """An array32 of ``count`` items of the element constructor ``element``
+    (a described one: ``00 descriptor constructor``)."""
+    body = element + payload
+    return b"\xf0" + struct.pack(">II", len(body) + 4, count) + body
+
+
+def text(code: int, s: bytes) -> bytes:
+    return bytes([code, len(s)]) + s if len(s) < 256 else (
+        bytes([code + 0x10]) + struct.pack(">I", len(s)) + s)
+
+
+def app_message(*items: bytes, code: int = 0x74) -> bytes:
+    return section(code, compound(0xc1, *items)) + amqp_data(b"x")
+
+
+def nested_keys(leaf: bytes, levels: int) -> bytes:
+    """{{{leaf: null}: null}: null}: each level a map whose key is the
+    level inside, so each level quotes the text of the one inside again."""
+    key = leaf
+    for _ in range(levels):
+        key = compound(0xc1, key, b"\x40")
+    return key
+
+
+def described_chain(levels: int) -> bytes:
+    """An array of 255 described nulls whose descriptor is such an array,
+    ``levels`` deep: every item repeats its descriptor's text."""
+    value = b"\x53\x01"
+    for _ in range(levels):
+        value = b"\xe0" + bytes([len(value) + 3, 255, 0x00]) + value + b"\x40"
+    return value
+
+
+BOMBS = {
+    # the 182-byte message: 80 quotes as a key nested 22 maps deep
+    "quoted_keys": section(0x74, compound(0xc1, nested_keys(text(0xa1, b'"' * 80), 22),
+                                          b"\x40")) + amqp_data(b""),
+    "escaped_symbol_keys": app_message(nested_keys(text(0xa3, b"\\\x01" * 20), 28), b"\x40",
+                                       code=0x72),
+    "deep_nesting_in_footer": app_message(
+        text(0xa3, b"x-k"), nested_keys(compound(0xc0, *[b"\x45"] * 30), 24), code=0x78),
+    "described_chain": app_message(text(0xa1, b"k"), described_chain(4)),
+    "many_empty_arrays": app_message(text(0xa1, b"k"),
+                                     compound(0xc0, *[array32(65536, b"\x40")] * 40)),
+    "many_tiny_described_items": app_message(
+        text(0xa1, b"k"), array32(20000, b"\x00\x53\xff\x55", bytes(20000))),
+    "zero_width_items_in_many_values": app_message(
+        *[text(0xa1, b"k%d" % i) + array32(60000, b"\x41") for i in range(8)]),
+    "properties_ids": section(0x73, compound(
+        0xc0, array32(40000, b"\x42"), *[b"\x40"] * 4, array32(40000, b"\x42")))
+    + amqp_data(b""),
+}
+
+# Runs in a child process whose address space is capped, so that a bomb that
+# the renderer does not stop fails the test instead of the machine.
+CHILD = r"""
+import json, resource, sys, time
+from pystream._core import decode
+from tests.golden import chunk, deliver, simple_entry
+bombs = json.loads(sys.stdin.read())
+soft = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (soft + (512 << 20), resource.RLIM_INFINITY))
+cols = ["properties", "application_properties", "message_annotations", "footer"]
+out = {}
+for name, hexmsg in bombs.items():
+    t0 = time.perf_counter()
+    try:
+        decode(deliver(chunk([simple_entry(bytes.fromhex(hexmsg))])), columns=cols)
+        what = "rendered"
+    except BaseException as e:
+        what = f"{type(e).__name__}: {e}"
+    out[name] = (what, time.perf_counter() - t0)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def bomb_outcomes() -> dict:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", CHILD], cwd=root, capture_output=True,
+                         text=True, timeout=600,
+                         input=json.dumps({k: v.hex() for k, v in BOMBS.items()}))
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_rendering_bomb_stops_at_the_budget(name, bomb_outcomes):
+    what, seconds = bomb_outcomes[name]
+    assert what.startswith("MalformedMessage: ") and "text budget" in what, what
+    assert seconds < 2.0, f"{name} took {seconds:.1f} s"
+
+
+def test_the_quoted_keys_bomb_is_182_bytes():
+    assert len(BOMBS["quoted_keys"]) == 182
+
+
+def test_budget_is_exact_and_per_record():
+    # the value [null, null, ...] of n items is 6n bytes of text, the key 1;
+    # the item count takes no input bytes, so the message keeps its size
+    def msg(n: int, code: int = 0x74) -> bytes:
+        return app_message(text(0xa1, b"k"), array32(n, b"\x40"), code=code)
+
+    fits = (budget(msg(1)) - 1) // 6
+    (row,) = decode(deliver(chunk([simple_entry(msg(fits))])),
+                    columns=["application_properties"]).to_pylist()
+    assert len(row["application_properties"][0][1]) == 6 * fits
+    with pytest.raises(MalformedMessage, match="text budget"):
+        decode(deliver(chunk([simple_entry(msg(fits + 1))])), columns=["application_properties"])
+    # the budget is the record's, shared by its columns
+    def two(n: int) -> bytes:
+        value = compound(0xc1, text(0xa1, b"k"), array32(n, b"\x40"))
+        return section(0x74, value) + section(0x72, value) + amqp_data(b"x")
+
+    half = budget(two(1)) // 12 + 1
+    assert 6 * half + 1 < budget(two(half)) < 2 * (6 * half + 1)
+    wire = deliver(chunk([simple_entry(two(half))]))
+    assert decode(wire, columns=["application_properties"]).num_rows == 1
+    with pytest.raises(MalformedMessage, match="text budget"):
+        decode(wire, columns=["application_properties", "message_annotations"])
+
+
+def test_budget_error_follows_the_error_policy():
+    good = app_message(text(0xa1, b"k"), text(0xa1, b"v"))
+    bomb = BOMBS["many_empty_arrays"]
+    wire = deliver(chunk([simple_entry(good), simple_entry(bomb), simple_entry(good)]))
+    cols = ["application_properties"]
+    with pytest.raises(MalformedMessage, match="text budget") as e:
+        decode(wire, columns=cols)
+    assert e.value.position == 4 + 5 + 48 + 4 + len(good) + 4
+    skip = decode(wire, columns=cols, error_policy="skip")
+    assert skip.column("offset").to_pylist() == [0, 2]
+    assert skip.column("application_properties").to_pylist() == [[("k", "v")]] * 2
+    raw = decode(wire, columns=cols, error_policy="raw")
+    assert raw.column("body").to_pylist()[1] == bomb
+    assert raw.column("application_properties").to_pylist() == [[("k", "v")], None,
+                                                                [("k", "v")]]
+    errors = raw.column("error").to_pylist()
+    assert errors[0] is None and "text budget" in errors[1] and errors[2] is None
+    # the body alone renders nothing: the bomb is a row like any other
+    assert decode(wire).num_rows == 3
+
+
+def test_zero_width_items_are_bounded_by_the_budget_only():
+    # an amqp-value body of 2**20 nulls is a valid message: only its text
+    # (in a column) is bounded
+    nulls = array32(1 << 20, b"\x40")
+    assert one(section(0x77, nulls))["body"] == nulls
+    with pytest.raises(MalformedMessage, match="text budget"):
+        one(app_message(text(0xa1, b"k"), nulls))
+
+
+def test_large_plain_values_fit_the_budget():
+    big = bytes(range(32, 127)) * 11_000           # about 1 MiB of text
+    ctl = b"\x01\"\\" * 1000                        # 6x, 2x, 2x inside JSON
+    msg = app_message(text(0xa1, b"big"), text(0xa1, big), text(0xa1, b"ctl"),
+                      compound(0xc0, text(0xa1, ctl)),
+                      text(0xa1, b"bin"), text(0xa0, bytes(5000)))
+    (row,) = decode(deliver(chunk([simple_entry(msg)])),
+                    columns=["application_properties"]).to_pylist()
+    app = dict(row["application_properties"])
+    assert app["big"] == big.decode() and app["bin"] == "00" * 5000
+    assert app["ctl"] == '["' + '\\u0001\\"\\\\' * 1000 + '"]'
+
+
+def test_keys_quoted_inside_quoted_keys():
+    # the text of a key that is not a string is quoted once per level
+    inner = compound(0xc1, text(0xa1, b'a"\\\x01'), b"\x55\x01")   # {'a"\\\x01': 1}
+    key2 = compound(0xc1, inner, b"\x40")                            # {inner: null}
+    lst = compound(0xc0, text(0xa3, b"x\x02"), b"\xa0\x01\xff", b"\x00\xa3\x01d\xa1\x01v")
+    app = one(app_message(text(0xa1, b"k1"), key2, inner, b"\x41", key2, lst,
+                          b"\xa0\x01\xab", b"\x40"))["application_properties"]
+    assert app == {
+        "k1": '{"{\\"a\\\\\\"\\\\\\\\\\\\u0001\\": 1}": null}',
+        '{"a\\"\\\\\\u0001": 1}': "true",
+        '{"{\\"a\\\\\\"\\\\\\\\\\\\u0001\\": 1}": null}':
+            '["x\\u0002", "ff", {"descriptor": "d", "value": "v"}]',
+        "ab": None}

@@ -137,6 +137,32 @@ def test_zstd_bomb():
         decode(deliver(chunk([short])))
 
 
+def test_gzip_bytes_after_the_member():
+    import gzip
+
+    plain = b"".join(simple_entry(m) for m in MSGS[:2])
+    one_member = gzip.compress(plain)
+    # RFC 1952: a gzip stream is a series of members, read one after the other
+    two = sub_batch(MSGS[:2], 1, lambda b: gzip.compress(b[:7]) + gzip.compress(b[7:]))
+    assert decode(deliver(chunk([two]))).num_rows == 2
+    # anything else after a member is corrupt, even when the member alone
+    # gives the announced length
+    for trailer in (b"\x00", b"\x00" * 8, b"garbage!", b"\x1f"):
+        bad = sub_batch(MSGS[:2], 1, lambda b, t=trailer: gzip.compress(b) + t)
+        with pytest.raises(CorruptChunk, match="after the gzip member") as e:
+            decode(deliver(chunk([bad])))
+        assert not isinstance(e.value, DecompressionLimit)
+        assert e.value.position == 4 + 5 + 48 + 11 + len(one_member)
+    cut = sub_batch(MSGS[:2], 1, lambda b: gzip.compress(b) + one_member[:10])
+    with pytest.raises(CorruptChunk, match="gzip"):
+        decode(deliver(chunk([cut])))
+    # a second member that adds bytes past the announced length
+    more = sub_batch(MSGS[:2], 1, lambda b: gzip.compress(b) + gzip.compress(b"x"))
+    with pytest.raises(DecompressionLimit):
+        decode(deliver(chunk([more])))
+    assert len(plain) == len(gzip.decompress(one_member))
+
+
 def test_malformed_message_policies():
     bad = b"\x00\x53\x75\xb0\x00\x00\x10\x00abc"        # data runs past the entry
     wire = deliver(chunk([simple_entry(MSGS[0]), simple_entry(bad),
@@ -188,5 +214,5 @@ def test_fuzz_array_of_empty_items_is_bounded():
     body = b"\xa1\x01k" + array
     ann = b"\x00\x53\x72\xc1" + bytes([len(body) + 1, 2]) + body
     wire = deliver(chunk([simple_entry(ann + amqp_data(b"x"))]))
-    with pytest.raises(MalformedMessage):
+    with pytest.raises(MalformedMessage, match="text budget"):
         decode(wire, columns=["message_annotations"])

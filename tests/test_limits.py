@@ -124,3 +124,35 @@ def test_frame_max_is_negotiated_down_and_on_by_default():
         assert client.connection.frame_max == MiB
     with pystream.connect(MODERN_URI, frame_max=64 << 10) as client:
         assert client.connection.frame_max == 64 << 10
+
+
+def test_text_budget_follows_the_consumers_error_policy(modern, stream_name):
+    """A message whose application properties would render past the text
+    budget (a key quoted inside keys 22 levels deep: 182 bytes, 343 MB of
+    text) published as raw bytes between two good ones: the consumer
+    raises, skips it, or keeps it raw with the reason, as error_policy
+    says; the records around it are read either way."""
+    from .test_core_amqp import BOMBS, app_message, text
+
+    good = app_message(text(0xa1, b"k"), text(0xa1, b"v"))
+    modern.create_stream(stream_name)
+    try:
+        with modern.producer(stream_name, amqp=False) as producer:
+            producer.send_batch([good, BOMBS["quoted_keys"], good]).result(30)
+        cols = ["application_properties"]
+        with modern.consumer(stream_name, offset="first", columns=cols) as consumer:
+            with pytest.raises(pystream.MalformedMessage, match="text budget"):
+                consumer.read(3, timeout=30)
+        with modern.consumer(stream_name, offset="first", columns=cols,
+                             error_policy="skip") as consumer:
+            table = consumer.read(2, timeout=30)
+        assert table.column("offset").to_pylist() == [0, 2]
+        assert table.column("application_properties").to_pylist() == [[("k", "v")]] * 2
+        with modern.consumer(stream_name, offset="first", columns=cols,
+                             error_policy="raw") as consumer:
+            table = consumer.read(3, timeout=30)
+        assert table.column("body").to_pylist()[1] == BOMBS["quoted_keys"]
+        errors = table.column("error").to_pylist()
+        assert errors[0] is None and "text budget" in errors[1] and errors[2] is None
+    finally:
+        modern.delete_stream(stream_name)
