@@ -29,12 +29,14 @@ Options (case-insensitive), all strings as Spark passes them:
 - ``filterValues``, ``filterMatchUnfiltered``, ``filterProperty``: broker
   filtering and its client post-filter (``options.source_filter``).
 - ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
-  removed records a read needed, instead of skipping them.
+  removed records a read needed, or a stream a streaming query reads was
+  deleted and created again, instead of skipping them.
 - ``columns``: optional columns, comma-separated (``properties``,
   ``application_properties``, ``message_annotations``, ``header``,
   ``footer``: the AMQP sections, as ``pystream.decode`` renders them).
 - ``amqp`` (default true; false: bodies are the raw entries),
-  ``readTimeout`` (seconds a task waits for records it knows exist),
+  ``readTimeout`` (seconds a task's read may make no progress before it
+  raises ``RequestTimeout``),
   ``consumerName`` (streaming: where ``commit`` stores offsets).
 """
 
