@@ -336,3 +336,23 @@ def test_paused_broker_past_read_timeout_raises(colored):
     stream, _, _ = colored
     with Pause() as pause, pytest.raises(RequestTimeout, match="no progress"):
         offsets_read(stream, 0, PAUSED_N, pause, filter=None, timeout=1.5)
+
+
+@pytest.mark.broker
+def test_paused_broker_spark_task_is_exact(colored):
+    """A Spark task (the data source's read of one partition) under a pause
+    returns its whole range."""
+    from pyspark.sql.datasource import InputPartition
+
+    from pystream.spark.datasource import _Config, arrow_schema
+
+    stream, _, _ = colored
+    config = _Config.parse({"uri": pystream.parse_uri(MODERN_URI).uri(),
+                            "stream": stream}, streaming=False)
+    got: list[int] = []
+    with Pause() as pause:
+        for batch in config.read(InputPartition(OffsetRange(stream, 10, PAUSED_N)),
+                                 arrow_schema()):
+            got += batch.column("offset").to_pylist()
+            pause.once()
+    assert got == list(range(10, PAUSED_N))
