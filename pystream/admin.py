@@ -219,13 +219,14 @@ class Admin:
                 tuple(brokers[r] for r in m.replicas if r in brokers), error)
         return out
 
-    def stream_stats(self, stream: str) -> dict[str, int]:
+    def stream_stats(self, stream: str, *, timeout: float | None = None) -> dict[str, int]:
         """The broker's figures for a stream (3.11+): ``first_chunk_id``,
         ``committed_chunk_id``, and from 4.3 ``committed_offset`` (the last
-        committed offset), ..."""
+        committed offset), ...; ``RequestTimeout`` after ``timeout`` seconds
+        (None: the connection's ``request_timeout``)."""
         self.connection.features.require("stream_stats")
         answer = self.connection.query(P.StreamStatsResponse, lambda c: P.StreamStats(c, stream),
-                                       f"stream stats of {stream!r}")
+                                       f"stream stats of {stream!r}", timeout=timeout)
         return dict(answer.stats)
 
     # --- offsets and publisher sequences --------------------------------------

@@ -19,6 +19,7 @@ import itertools
 import math
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,6 +33,7 @@ from .arrow import ArrowStream
 from .client import Client
 from .credit import Credit
 from .errors import CertificateVerificationError, DataLoss, MissingPassword, RequestTimeout
+from .records import Filter
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
 
@@ -39,9 +41,14 @@ from .uri import BrokerAddress, parse_uri
 Bound = str | int | dt.datetime
 
 POLL = 0.2  # seconds between looks at the position while no records come
-FIRST_CHUNK_WAIT = 2.0  # seconds without a first chunk that prove none is due
-FILTERED_IDLE = 2.0  # seconds of silence that end a filtered range
+#: Seconds a filtered read hears nothing before it reads the rest of its
+#: range unfiltered: the broker says nothing of the chunks it skips.
+FILTERED_QUIET = 2.0
+#: Seconds between questions to the broker while a range read hears nothing.
+CHECK_EVERY = 1.0
 PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
+#: How long a timestamp probe waits for the chunk the broker must send.
+TIMESTAMP_PROBE_TIMEOUT = 10.0
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
 MIN_RANGE = 100_000
@@ -235,16 +242,27 @@ def _read_last_chunk(client: Client, stream: str) -> tuple[int | None, dt.dateti
 def offset_at(client: Client, stream: str, when: dt.datetime,
               bounds: StreamBounds) -> int:
     """The first offset of the first chunk stored at or after ``when`` (the
-    stream's end if none is): the broker's answer on 4.3+, else a probe."""
+    stream's end if none is): the broker's answer on 4.3+, else a probe.
+    ``RequestTimeout`` if the chunk the probe must receive does not come."""
     if bounds.end <= bounds.first:
         return bounds.end
     if client.supports("resolve_offset_spec"):
         return min(client.resolve_offset(stream, when), bounds.end)
-    if bounds.last_timestamp is None or when > bounds.last_timestamp:
+    last = bounds.last_timestamp
+    if last is None:  # the broker gave the end: read the last chunk's time
+        _, last = _read_last_chunk(client, stream)
+    if last is not None and when > last:
         return bounds.end
+    # A chunk at or after ``when`` exists (or none could be read to tell):
+    # the broker sends it at once, so silence is an error, not the end.
     with client.consumer(stream, offset=when, amqp=False) as consumer:
-        head = consumer.read(1, timeout=10 * PROBE_TIMEOUT).column(0)
-    return head[0].as_py() if len(head) else bounds.end
+        head = consumer.read(1, timeout=TIMESTAMP_PROBE_TIMEOUT).column(0)
+    if not len(head):
+        raise RequestTimeout(
+            f"{stream!r}: no chunk stored at or after {when.isoformat()} came "
+            f"within {TIMESTAMP_PROBE_TIMEOUT:g} s")
+    first: int = head[0].as_py()
+    return min(first, bounds.end)
 
 
 def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> int:
@@ -270,16 +288,34 @@ def read_range(broker: Broker, stream: str, start: int, end: int, *,
     or hand it to DuckDB or Polars). ``broker`` is a URI or a
     ``BrokerRef``; ``consumer_options`` are those of ``Client.consumer``.
 
+    The read ends where the broker shows the range is complete: a record at
+    or past ``end`` came, or (RabbitMQ 4.3+) every offset up to ``end`` is
+    committed and the read is past the stream's last chunk of records
+    (offset-tracking chunks take offsets and are never delivered); never
+    because the socket went quiet. A ``filter``'s broker side skips whole
+    chunks without a word, so a filtered read that hears nothing for
+    ``FILTERED_QUIET`` seconds reads the rest of its range unfiltered (the
+    post filter still applies): it then also holds the other rows of those
+    chunks, as it may anyway (the broker filters whole chunks).
+
     ``DataLoss`` if ``fail_on_data_loss`` and retention removed records from
     the range's start (otherwise the read starts at the stream's first
-    record); ``RequestTimeout`` if no record comes for ``timeout`` seconds
-    before ``end`` is reached."""
+    record); ``RequestTimeout`` if the read makes no progress for
+    ``timeout`` seconds before ``end`` is reached."""
     return ArrowStream(
         core_schema(columns=consumer_options.get("columns"),
                     body=consumer_options.get("body", "view"),
                     error_policy=consumer_options.get("error_policy", "raise")),
         _read_range(broker, stream, start, end, timeout, fail_on_data_loss,
                     connection_options, consumer_options))
+
+
+@dataclass
+class _Progress:
+    """Where a range read is, and when it last moved (monotonic seconds)."""
+
+    position: int
+    moved: float
 
 
 def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: float,
@@ -293,60 +329,94 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
         if first is not None and first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
                            f"were removed by retention before they were read")
-    # No credit for chunks past the end: a range of 500 000 records of
-    # 100 B would otherwise pull as many chunks again past it. A chunk
-    # holds a record at least, so a small range never pulls 64 either.
-    consumer_options.setdefault("credit", Credit.adaptive(
-        max_outstanding=min(DEFAULT_OUTSTANDING, end - start), until=end))
     # Decoding in the reader thread overlaps with the caller's work on the
     # previous batch (DuckDB, Spark): bulk reads gain more than a wake-up.
     consumer_options.setdefault("read_while_waiting", False)
-    with client.consumer(stream, offset=start, **consumer_options) as consumer:
-        idle = 0.0
+    flt: Filter | None = consumer_options.pop("filter", None)
+    progress = _Progress(start, time.monotonic())
+    if flt is not None:
+        yield from _read_part(client, stream, end, timeout, progress,
+                              {**consumer_options, "filter": flt},
+                              quiet_limit=min(FILTERED_QUIET, timeout / 2))
+        if progress.position >= end:
+            return
+    yield from _read_part(client, stream, end, timeout, progress, consumer_options,
+                          post=flt if flt is not None and flt.post_filter else None)
+
+
+def _read_part(client: Client, stream: str, end: int, timeout: float,
+               progress: _Progress, options: dict[str, Any], *,
+               quiet_limit: float | None = None,
+               post: Filter | None = None) -> Iterator[pa.RecordBatch]:
+    """Read from ``progress.position`` to ``end``, moving ``progress``; back
+    early only after ``quiet_limit`` seconds without progress. ``post``
+    filters the rows here (the consumer reads unfiltered)."""
+    start = progress.position
+    # No credit for chunks past the end: a range of 500 000 records of
+    # 100 B would otherwise pull as many chunks again past it. A chunk
+    # holds a record at least, so a small range never pulls 64 either.
+    options.setdefault("credit", Credit.adaptive(
+        max_outstanding=min(DEFAULT_OUTSTANDING, end - start), until=end))
+    checked = -math.inf
+    with client.consumer(stream, offset=start, **options) as consumer:
         # The position also moves past chunks without records (offset
-        # tracking chunks), so it, not the rows, says when the range is done.
-        while (consumer.position or start) < end:
+        # tracking chunks, rows the post filter dropped), so it, not the
+        # rows, says how far the read is.
+        while progress.position < end:
             batch = next(iter(consumer.batches(POLL)), None)
-            if batch is None:
-                idle += POLL
-                # The broker skips the chunks a filter rules out, and every
-                # chunk of a range was committed when it was planned: a
-                # filtered read that hears nothing is done.
-                if ("filter" in consumer_options and idle >= FILTERED_IDLE
-                        or _past_last_user_chunk(client, stream, start, end,
-                                                 consumer.position, idle)):
+            now = time.monotonic()
+            if batch is not None:
+                offsets = batch.column(0).to_numpy()
+                keep = int(np.searchsorted(offsets, end))
+                part = batch if keep == batch.num_rows else batch.slice(0, keep)
+                if post is not None:
+                    part = post.apply(part)
+                if part.num_rows:
+                    yield part
+                if keep < batch.num_rows:
+                    progress.position = end
                     return
-                if idle >= timeout:
-                    raise RequestTimeout(
-                        f"{stream!r}: nothing after offset {consumer.position} "
-                        f"for {timeout:g} s; the range ends at {end}")
+            position = consumer.position
+            if batch is not None or (position is not None and position > progress.position):
+                progress.position = max(progress.position, position or start)
+                progress.moved = now
+                checked = -math.inf
                 continue
-            idle = 0.0
-            offsets = batch.column(0).to_numpy()
-            keep = int(np.searchsorted(offsets, end))
-            if keep:
-                yield batch if keep == batch.num_rows else batch.slice(0, keep)
-            if keep < batch.num_rows:
+            quiet = now - progress.moved
+            if quiet_limit is not None and quiet >= quiet_limit:
                 return
+            if quiet >= timeout:
+                raise RequestTimeout(
+                    f"{stream!r}: no progress past offset {progress.position} "
+                    f"for {timeout:g} s; the range ends at {end}")
+            if now - checked >= CHECK_EVERY:
+                checked = now
+                try:
+                    done = _received_all(client, stream, progress.position, end,
+                                         max(POLL, timeout - quiet))
+                except RequestTimeout:
+                    continue  # a broker that does not answer: the budget decides
+                if done:
+                    progress.position = end
+                    return
 
 
-def _past_last_user_chunk(client: Client, stream: str, start: int, end: int,
-                          position: int | None, idle: float) -> bool:
-    """Whether every record of a range that ends within the stream's tail
-    was received. An exact end (4.3+) counts the offsets of offset-tracking
-    chunks, which are never delivered: once the position is past the first
-    offset of the last user chunk, nothing is left to come before the tail.
-    Before any chunk came, a start past that offset may still lie in the
-    last user chunk, which the broker sends at once: only a wait of
-    ``FIRST_CHUNK_WAIT`` says it does not. A range ending past the tail asks
-    for records not written yet, and waits for them."""
-    if not client.supports("resolve_offset_spec"):
+def _received_all(client: Client, stream: str, position: int, end: int,
+                  timeout: float) -> bool:
+    """Whether the broker shows that no record of ``[position, end)`` is
+    left to receive: every offset up to ``end`` is committed (the
+    ``committed_offset`` of RabbitMQ 4.3+) and ``position`` is past the
+    stream's last chunk of records, read now, so the offsets left belong to
+    offset-tracking chunks, which are never delivered. A range ending past
+    the committed end asks for records not written yet, and waits for them.
+    ``RequestTimeout`` if the broker does not answer within ``timeout``."""
+    if not client.supports("stream_stats"):
         return False
-    if position is None and idle < FIRST_CHUNK_WAIT:
+    stats = client.stream_stats(stream, timeout=timeout)
+    if "committed_offset" not in stats or end > stats["committed_offset"] + 1:
         return False
-    if end > stream_bounds(client, stream).end:
-        return False
-    return (start if position is None else position) > client.resolve_offset(stream, "last")
+    last_end, _ = _read_last_chunk(client, stream)
+    return last_end is not None and position >= last_end
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],

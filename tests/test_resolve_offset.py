@@ -11,7 +11,15 @@ import pytest
 
 import pystream
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
-from pystream.ranges import StreamBounds, plan_ranges, read_range, stream_bounds
+from pystream.features import COMMAND_KEY
+from pystream.ranges import (
+    StreamBounds,
+    offset_at,
+    plan_ranges,
+    read_range,
+    resolve,
+    stream_bounds,
+)
 
 from .conftest import LEGACY_URI, MODERN_URI
 
@@ -146,3 +154,27 @@ def test_older_brokers_keep_the_probe(stream_name):
             assert bounds.last_timestamp is not None
         finally:
             modern.delete_stream(stream_name)
+
+
+def without_resolve(client) -> None:
+    """Mask ResolveOffsetSpec as a broker that did not advertise it would:
+    its statistics still carry ``committed_offset``."""
+    features = client.connection.features
+    features.commands = {k: v for k, v in (features.commands or {}).items()
+                         if k != COMMAND_KEY["resolve_offset_spec"]}
+    assert not client.supports("resolve_offset_spec")
+
+
+def test_timestamps_resolve_without_resolve_offset_spec(latest, latest_stream):
+    """With ``committed_offset`` the bounds carry no last chunk time: a
+    time is probed, not taken for the stream's end (startingTimestamp,
+    ``dump --from`` and timestamp pushdown all come through offset_at)."""
+    times = publish_chunks(latest, latest_stream, [10, 5, 7])  # chunks 0, 10, 15
+    without_resolve(latest)
+    bounds = stream_bounds(latest, latest_stream)
+    assert bounds == StreamBounds(0, 22, None)
+    assert offset_at(latest, latest_stream, times[0], bounds) == 0
+    assert offset_at(latest, latest_stream, times[1], bounds) == 10
+    assert resolve(times[2], latest, latest_stream, bounds) == 15
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    assert offset_at(latest, latest_stream, later, bounds) == 22

@@ -9,12 +9,20 @@ import time
 
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
+from pyspark.sql.datasource import (
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    LessThanOrEqual,
+)
 
 import pystream
 from pystream.consumer import Consumer
+from pystream.ranges import OffsetRange, StreamBounds
 from pystream.spark import RabbitMQStreamDataSource
 from pystream.spark.datasource import _Config, _PushingBatchReader
+from pystream.spark.pushdown import Pushed
 
 from .conftest import MODERN_URI, local_spark
 
@@ -98,9 +106,11 @@ def test_points_streams_and_times(monkeypatch, large):
     when = GreaterThanOrEqual(("chunk_timestamp",), later)
     some, rows, rest = chunks_read(monkeypatch, {"stream": stream}, [when])
     assert rest == [when] and LATER <= rows < 2 * LATER
+    # An upper time bound narrows nothing (chunk times can go backwards):
+    # Spark filters the rows.
     before = LessThan(("chunk_timestamp",), later - dt.timedelta(seconds=2))
-    _, rows, _ = chunks_read(monkeypatch, {"stream": stream}, [before])
-    assert N - 2 * LATER < rows <= N - LATER
+    _, rows, rest = chunks_read(monkeypatch, {"stream": stream}, [before])
+    assert rows == N and rest == [before]
 
 
 def test_spark_pushes_and_answers_the_same(spark, large):
@@ -123,3 +133,56 @@ def test_spark_pushes_and_answers_the_same(spark, large):
         assert df().where(F.col("offset") >= N - 100).count() == 100
     finally:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+
+
+class Chunks:
+    """A stand-in client for the planner: chunks of 10 offsets at
+    ``stamps`` (seconds after T0), resolved as the broker does, to the first chunk
+    in offset order stored at or after a time."""
+
+    def __init__(self, stamps: list[int]) -> None:
+        self.stamps = stamps
+        self.end = 10 * len(stamps)
+
+    def supports(self, feature: str) -> bool:
+        return feature == "resolve_offset_spec"
+
+    def resolve_offset(self, stream: str, when: dt.datetime) -> int:
+        t = (when - T0).total_seconds()
+        return next((10 * i for i, s in enumerate(self.stamps) if s >= t), self.end)
+
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("stamps", [
+    [0, 10, 20, 30, 40, 50, 60, 70],   # a clock that only goes forward
+    [0, 10, 20, 60, 70, 30, 40, 80],   # a leader with a clock ahead, then one behind
+    [50, 60, 10, 20, 30, 70, 5, 90],
+], ids=["forward", "ahead-then-behind", "scrambled"])
+@pytest.mark.parametrize("make", [
+    lambda t: LessThan(("chunk_timestamp",), t),
+    lambda t: LessThanOrEqual(("chunk_timestamp",), t),
+    lambda t: EqualTo(("chunk_timestamp",), t),
+    lambda t: GreaterThanOrEqual(("chunk_timestamp",), t),
+], ids=["lt", "le", "eq", "ge"])
+def test_time_bounds_leave_no_matching_chunk_out(stamps, make):
+    """Chunk timestamps are the clock of the node that led the stream, and
+    go backwards when leadership moves to a node whose clock is behind: a
+    plan keeps every chunk whose time matches (Spark filters the rows)."""
+    client = Chunks(stamps)
+    bounds = StreamBounds(0, client.end, None)
+    for bound in sorted({*stamps, 25, 45}):
+        f = make(T0 + dt.timedelta(seconds=bound))
+        pushed = Pushed()
+        assert pushed.push([f]) == [f]  # Spark still checks every row
+        ranges = pushed.narrow(OffsetRange("s", 0, client.end), client, bounds)
+        planned = {o for r in ranges for o in range(r.start, r.end)}
+        for i, s in enumerate(stamps):
+            if matches(f, s, bound):
+                assert set(range(10 * i, 10 * i + 10)) <= planned, (f, stamps)
+
+
+def matches(f, stamp: int, bound: int) -> bool:
+    return {LessThan: stamp < bound, LessThanOrEqual: stamp <= bound,
+            EqualTo: stamp == bound, GreaterThanOrEqual: stamp >= bound}[type(f)]

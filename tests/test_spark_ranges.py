@@ -3,18 +3,23 @@ needed)."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import ssl
+import threading
 import uuid
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import pystream
 from pystream import CertificateVerificationError, RequestTimeout
 from pystream.ranges import client_for
 from pystream.spark import BrokerRef, OffsetRange, plan_ranges, read_range, split_ranges
+from pystream.spark.options import PropertyIn
 
-from .conftest import EXTERNAL_URI, TLS_URI, broker_connections
+from .conftest import EXTERNAL_URI, MODERN_URI, TLS_URI, broker_connections, run_broker
 from .publishers import amqp_message, publish
 
 N = 10_000
@@ -188,3 +193,166 @@ def test_wrong_ca_fails_when_planning(tls_dir):
     copy = pickle.loads(pickle.dumps(error))
     assert (str(copy), copy.reason, copy.untrusted) == (
         str(error), error.reason, True)
+
+
+# --- a broker that pauses in mid-range ----------------------------------------
+
+#: Longer than any quiet spell a range read lets pass before it acts
+#: (FILTERED_QUIET, CHECK_EVERY), well under the heartbeat.
+PAUSE = 3.5
+BATCH = 500  # records per published batch: a chunk each, of one color
+BATCHES = 400  # many more chunks than a consumer has credit for (64)
+PAUSED_N = BATCH * BATCHES
+
+
+class Pause:
+    """Pauses the modern broker the first time ``once`` is called, and
+    resumes it ``PAUSE`` seconds later, or on leaving the ``with`` at the
+    latest (other engineers share the broker)."""
+
+    def __init__(self) -> None:
+        self.timer: threading.Timer | None = None
+
+    def once(self) -> None:
+        if self.timer is None:
+            run_broker("pause", "modern")
+            self.timer = threading.Timer(PAUSE, run_broker, ("resume", "modern"))
+            self.timer.start()
+
+    def __enter__(self) -> Pause:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            run_broker("resume", "modern")  # SIGCONT twice is harmless
+
+
+def color(i: int) -> str:
+    """Batch ``i``'s filter value: every other one blue, the last ones red
+    (so a filtered range over the stream ends past its last blue chunk)."""
+    return "blue" if i % 2 == 0 and i < BATCHES - 10 else "red"
+
+
+def tag(i: int) -> str:
+    """Blue batches near the end are tagged ``keep``, the others ``drop``."""
+    return "keep" if color(i) == "blue" and i >= BATCHES - 40 else "drop"
+
+
+@pytest.fixture(scope="module")
+def colored():
+    """PAUSED_N records on the modern broker, in chunks of one color each;
+    the offsets of the blue ones and of the kept ones."""
+    name = f"test-ranges-paused-{os.getpid()}"
+    with pystream.connect(MODERN_URI) as client:
+        client.create_stream(name)
+        try:
+            with client.producer(name, filter_value="color") as producer:
+                for i in range(BATCHES):
+                    keys = pa.array(["color", "tag"] * BATCH)
+                    values = pa.array([color(i), tag(i)] * BATCH)
+                    props = pa.MapArray.from_arrays(
+                        np.arange(0, 2 * BATCH + 1, 2, dtype=np.int32), keys, values)
+                    bodies = pa.array([b"%06d" % j for j in range(i * BATCH, (i + 1) * BATCH)])
+                    producer.send_batch(pa.RecordBatch.from_arrays(
+                        [bodies, props], names=["body", "application_properties"])
+                    ).result(30)
+            blue = [j for j in range(PAUSED_N) if color(j // BATCH) == "blue"]
+            kept = [j for j in range(PAUSED_N) if tag(j // BATCH) == "keep"]
+            yield name, blue, kept
+        finally:
+            client.delete_stream(name)
+
+
+def offsets_read(stream: str, start: int, end: int, pause: Pause,
+                 **options) -> list[int]:
+    """The offsets a range read returns; the broker pauses once the first
+    batch came (after the consumer has taken all its credit allows)."""
+    out: list[int] = []
+    for batch in read_range(MODERN_URI, stream, start, end, **options):
+        out += batch.column("offset").to_pylist()
+        pause.once()
+    return out
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("start,end", [
+    (0, PAUSED_N),                        # the whole stream
+    (1234, PAUSED_N - 777),               # both ends inside chunks
+    (PAUSED_N // 3 + 5, PAUSED_N - 3),   # from inside a chunk to the end
+])
+def test_paused_broker_range_is_exact(colored, start, end):
+    """An unfiltered range read is every offset of [start, end) whatever
+    pauses the broker; ``filter=None`` is how the Spark source calls it."""
+    stream, _, _ = colored
+    with Pause() as pause:
+        assert offsets_read(stream, start, end, pause, filter=None) == list(range(start, end))
+    assert pause.timer is not None  # the pause did happen in mid-range
+
+
+@pytest.mark.broker
+def test_paused_broker_filtered_range_holds_every_match(colored):
+    """The broker's filter skips whole chunks without a word: a pause is
+    no end. Without a post filter, the read may hold other rows too."""
+    stream, blue, _ = colored
+    with Pause() as pause:
+        got = offsets_read(stream, 0, PAUSED_N, pause, filter=pystream.Filter(["blue"]))
+    assert got == sorted(set(got)) and 0 <= got[0] and got[-1] < PAUSED_N
+    assert set(blue) <= set(got), f"{len(set(blue) - set(got))} blue rows missing"
+
+
+@pytest.mark.broker
+def test_paused_broker_filtered_range_with_post_filter_is_exact(colored):
+    stream, blue, _ = colored
+    only_blue = pystream.Filter(["blue"], post_filter=PropertyIn("color", ("blue",), False))
+    with Pause() as pause:
+        assert offsets_read(stream, 0, PAUSED_N, pause, filter=only_blue,
+                            columns=["application_properties"]) == blue
+
+
+@pytest.mark.broker
+def test_post_filter_that_drops_every_row_is_progress(colored):
+    """The broker sends blue chunks whose rows the post filter drops, for
+    most of the range: no row comes, the position moves. The pause starts
+    at the first chunk the post filter sees."""
+    stream, _, kept = colored
+    keep = PropertyIn("tag", ("keep",), False)
+    with Pause() as pause:
+
+        def pausing(batch: pa.RecordBatch) -> pa.Array:
+            pause.once()
+            return keep(batch)
+
+        got = offsets_read(stream, 0, PAUSED_N, pause,
+                           filter=pystream.Filter(["blue"], post_filter=pausing),
+                           columns=["application_properties"])
+    assert got == kept
+
+
+@pytest.mark.broker
+def test_paused_broker_past_read_timeout_raises(colored):
+    """``timeout`` (``readTimeout``) bounds how long a read makes no
+    progress: a longer pause raises, it never ends the range short."""
+    stream, _, _ = colored
+    with Pause() as pause, pytest.raises(RequestTimeout, match="no progress"):
+        offsets_read(stream, 0, PAUSED_N, pause, filter=None, timeout=1.5)
+
+
+@pytest.mark.broker
+def test_paused_broker_spark_task_is_exact(colored):
+    """A Spark task (the data source's read of one partition) under a pause
+    returns its whole range."""
+    from pyspark.sql.datasource import InputPartition
+
+    from pystream.spark.datasource import _Config, arrow_schema
+
+    stream, _, _ = colored
+    config = _Config.parse({"uri": pystream.parse_uri(MODERN_URI).uri(),
+                            "stream": stream}, streaming=False)
+    got: list[int] = []
+    with Pause() as pause:
+        for batch in config.read(InputPartition(OffsetRange(stream, 10, PAUSED_N)),
+                                 arrow_schema()):
+            got += batch.column("offset").to_pylist()
+            pause.once()
+    assert got == list(range(10, PAUSED_N))

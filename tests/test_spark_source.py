@@ -5,6 +5,7 @@ and streaming queries that survive a kill with exactly-once output."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 import pystream
 from pystream.spark import (
@@ -433,3 +435,33 @@ def test_killed_query_restarts_from_its_checkpoint_exactly_once(
     assert len(offsets) == 110_000
     assert (offsets == np.arange(110_000)).all()
     assert sorted(int(b) for b in got.column("body").to_pylist()) == list(range(110_000))
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_recreated_stream_is_not_skipped(modern, modern_stream, caplog,
+                                         fail_on_data_loss):
+    """A stream deleted and created again ends before the query's
+    checkpointed position (ends never move back): its records up to that
+    position would be skipped. failOnDataLoss fails the query; without it,
+    a warning, and the new stream is read from its start."""
+    publish_range(modern, modern_stream, 0, 1000)
+    source_ = RabbitMQStreamDataSource({
+        "uri": URI, "stream": modern_stream,
+        "failOnDataLoss": str(fail_on_data_loss).lower()})
+    reader = source_.streamReader(source_.schema())
+    checkpointed = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert checkpointed == {modern_stream: 1000}
+    modern.delete_stream(modern_stream)
+    modern.create_stream(modern_stream)
+    publish_range(modern, modern_stream, 0, 100)
+    if fail_on_data_loss:
+        with pytest.raises(pystream.DataLoss, match="deleted and created again"):
+            reader.latestOffset(checkpointed, ReadAllAvailable())
+        return
+    with caplog.at_level(logging.WARNING, "pystream.spark"):
+        end = reader.latestOffset(checkpointed, ReadAllAvailable())
+    assert end == {modern_stream: 100}
+    assert "created again" in caplog.text
+    bodies = [int(b) for p in reader.partitions(checkpointed, end)
+              for batch in reader.read(p) for b in batch.column("body").to_pylist()]
+    assert bodies == list(range(100))

@@ -29,12 +29,14 @@ Options (case-insensitive), all strings as Spark passes them:
 - ``filterValues``, ``filterMatchUnfiltered``, ``filterProperty``: broker
   filtering and its client post-filter (``options.source_filter``).
 - ``failOnDataLoss`` (default true): raise ``DataLoss`` when retention
-  removed records a read needed, instead of skipping them.
+  removed records a read needed, or a stream a streaming query reads was
+  deleted and created again, instead of skipping them.
 - ``columns``: optional columns, comma-separated (``properties``,
   ``application_properties``, ``message_annotations``, ``header``,
   ``footer``: the AMQP sections, as ``pystream.decode`` renders them).
 - ``amqp`` (default true; false: bodies are the raw entries),
-  ``readTimeout`` (seconds a task waits for records it knows exist),
+  ``readTimeout`` (seconds a task's read may make no progress before it
+  raises ``RequestTimeout``),
   ``consumerName`` (streaming: where ``commit`` stores offsets).
 """
 
@@ -364,6 +366,24 @@ def _from_offset(value: Any) -> Bound:
     raise ValueError(f"not a stream offset: {value!r}")
 
 
+def _after_reset(prior: Any, stream: str, end: int, fail_on_data_loss: bool) -> Any:
+    """The start of a stream whose end is now before the query's position
+    ``prior`` (an offset from the checkpoint): ends never move back, so the
+    stream was deleted and created again, and the records of the new one
+    up to ``prior`` would be skipped. ``DataLoss`` with
+    ``fail_on_data_loss``; else a warning and a start from its first record."""
+    if not isinstance(prior, int) or prior <= end:
+        return prior
+    if fail_on_data_loss:
+        raise DataLoss(f"{stream!r} ends at offset {end}, before the query's "
+                       f"position {prior}: it was deleted and created again "
+                       f"(failOnDataLoss=false reads it again from its start)")
+    log.warning("stream %r ends at offset %d, before the query's position %d: "
+                "it was deleted and created again; reading it from its start "
+                "(failOnDataLoss=false)", stream, end, prior)
+    return "earliest"
+
+
 class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, config: _Config, schema: StructType) -> None:
         self.config = config
@@ -405,8 +425,10 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             "dropped from the query (failOnDataLoss=false)", stream)
                 continue
             # A new super stream partition is read from its beginning.
-            lo = start_offset(_from_offset(start.get(stream, "earliest")), client,
-                              stream, bounds, config.fail_on_data_loss)
+            prior = _after_reset(start.get(stream, "earliest"), stream, bounds.end,
+                                 config.fail_on_data_loss)
+            lo = start_offset(_from_offset(prior), client, stream, bounds,
+                              config.fail_on_data_loss)
             hi = bounds.end
             if self.target is not None:
                 hi = min(hi, self.target.get(stream, lo))
@@ -429,6 +451,9 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first = start.get(stream, "earliest")
             if first == "latest":
                 continue  # the first micro-batch resolved "latest" to ``hi``
+            if isinstance(first, int) and first > hi:
+                # latestOffset found the stream created again (see _after_reset)
+                first = _after_reset(first, stream, hi, config.fail_on_data_loss)
             if isinstance(first, int):
                 lo = first  # read_range checks retention on the executor
             else:

@@ -7,10 +7,14 @@ read.
   range is trimmed to the offset at both ends: Spark drops it).
 - ``offset`` ``=`` / ``IN``: a range per run of consecutive offsets (one
   span over them past ``MAX_POINT_RANGES`` runs); Spark still checks them.
-- ``chunk_timestamp`` ``<``, ``<=``, ``>``, ``>=``, ``=``: the offsets of
-  the chunks stored a second either side of the bound, found with a
-  timestamp subscription (chunk timestamps are the broker's clock, growing
-  with offsets); Spark still checks them.
+- ``chunk_timestamp`` ``>``, ``>=``, ``=``: the range starts at the first
+  chunk stored from a second before the bound, found with a timestamp
+  subscription; Spark still checks them. Upper bounds (``<``, ``<=`` and
+  the upper side of ``=``) narrow nothing: chunk timestamps are the clock of
+  the node that led the stream when each chunk was written, and go
+  backwards when leadership moves to a node whose clock is behind, so no
+  offset proves that every later chunk is past the bound. Spark checks them
+  on the rows read.
 """
 
 from __future__ import annotations
@@ -36,25 +40,23 @@ from ..ranges import OffsetRange, StreamBounds, offset_at
 
 #: Past this many runs of ``offset IN (...)``, one span covers them all.
 MAX_POINT_RANGES = 100
-#: How far either side of a timestamp bound a range reaches.
+#: How far before a timestamp bound a range starts.
 TIME_MARGIN = dt.timedelta(seconds=1)
 
 _LOWER = (GreaterThan, GreaterThanOrEqual)
-_UPPER = (LessThan, LessThanOrEqual)
 
 
 @dataclass
 class Pushed:
     """What the pushed filters allow: ``streams`` (None: all), offsets in
-    ``[lo, hi)`` and in ``points`` (None: any), chunk times within
-    ``[after, before]`` (None: unbounded)."""
+    ``[lo, hi)`` and in ``points`` (None: any), chunks from the first one
+    stored at ``after`` on (None: unbounded)."""
 
     streams: set[str] | None = None
     lo: int = 0
     hi: int | None = None
     points: set[int] | None = None
     after: dt.datetime | None = None
-    before: dt.datetime | None = None
     description: list[str] = field(default_factory=list)
 
     def push(self, filters: Iterable[Filter]) -> list[Filter]:
@@ -120,13 +122,11 @@ class Pushed:
             return False
         # A naive datetime is the Python worker's local time, as Spark made it.
         when = value if value.tzinfo else value.astimezone()
-        if isinstance(f, (*_LOWER, EqualTo)):
-            after = when - TIME_MARGIN
-            self.after = after if self.after is None else max(self.after, after)
-        if isinstance(f, (*_UPPER, EqualTo)):
-            before = when + TIME_MARGIN
-            self.before = before if self.before is None else min(self.before, before)
-        return isinstance(f, (*_LOWER, *_UPPER, EqualTo))
+        if not isinstance(f, (*_LOWER, EqualTo)):
+            return False  # an upper bound: see the module's docstring
+        after = when - TIME_MARGIN
+        self.after = after if self.after is None else max(self.after, after)
+        return True
 
     def wants(self, stream: str) -> bool:
         return self.streams is None or stream in self.streams
@@ -137,8 +137,6 @@ class Pushed:
         lo, hi = max(r.start, self.lo), r.end if self.hi is None else min(r.end, self.hi)
         if self.after is not None and lo < hi:
             lo = max(lo, offset_at(client, r.stream, self.after, bounds))
-        if self.before is not None and lo < hi:
-            hi = min(hi, offset_at(client, r.stream, self.before, bounds))
         if lo >= hi:
             return []
         if self.points is None:
