@@ -86,6 +86,7 @@ SENTINEL = 1 << 40    # the sequence number of the record that ends a stream
 PARTITIONS = 3
 OVERLAP = 1000        # records a resumed producer sends again (deduplicated)
 SECOND_HALF = 3.0     # seconds over which the second half is published
+CANCELS = 40          # reads an asyncio cell cancels
 MIDWAY_WAIT = 60.0    # seconds a broker fault waits for every cell
 AFTER_FAULT = 90.0    # seconds every cell has to finish after the fault
 USER = "pystream-faults"
@@ -334,9 +335,7 @@ class Feeder:
     def _feed(self) -> None:
         try:
             with self.run.connect() as client:
-                options: dict[str, Any] = {"filter_value": "color"} if self.filtered else {}
-                producers = [client.producer(s, name=f"{s}-feeder", **options)
-                             for s in self.streams]
+                producers = self._producers(client)
                 try:
                     self._publish(producers, 0, N // 2, pace=0.0)
                     self.run.round.began.wait(MIDWAY_WAIT + 5)
@@ -357,6 +356,26 @@ class Feeder:
             self.error = exc
         finally:
             self.done.set()
+
+    def _producers(self, client: pystream.Client) -> list[Any]:
+        """The feeder's producers; made again if the connection went while
+        they were declared (another fault test on the shared broker): the
+        feeder is no cell, it must not fail one."""
+        options: dict[str, Any] = {"filter_value": "color"} if self.filtered else {}
+        for attempt in range(5):
+            producers = []
+            try:
+                for s in self.streams:
+                    producers.append(client.producer(s, name=f"{s}-feeder", **options))
+                return producers
+            except (pystream.ConnectionLost, pystream.ConnectionClosed):
+                for p in producers:
+                    with contextlib.suppress(pystream.StreamError):
+                        p.close(timeout=5)
+                if attempt == 4:
+                    raise
+                time.sleep(1)
+        raise AssertionError("unreachable")
 
     def _publish(self, producers: list[Any], lo: int, hi: int, pace: float) -> None:
         for first in range(lo, hi, BATCH):
@@ -483,24 +502,37 @@ async def _aio(run: Run, stream: str) -> None:
 
 
 async def _cancelled_reads(run: Run, consumer: aio.AsyncConsumer) -> None:
-    """Read in a task cancelled every 20-300 ms, a new task reading on."""
-    async def reading() -> None:
-        while not run.finished():
-            table = await consumer.read(1000, timeout=0.5)
-            run.take(table.column("body"), table.column("offset").to_numpy())
+    """Each read in a task of its own, cancelled if it has not returned
+    within 20-300 ms; a cancelled read must raise CancelledError and lose
+    nothing (the next read gets its records)."""
+    async def one_read() -> None:
+        table = await consumer.read(1000, timeout=0.5)
+        run.take(table.column("body"), table.column("offset").to_numpy())
 
-    cancels = 0
-    while not run.finished():
-        task = asyncio.ensure_future(reading())
+    cancels = swallowed = 0
+    while not run.finished() and cancels + swallowed < CANCELS:
+        task = asyncio.ensure_future(one_read())
         done, _ = await asyncio.wait([task], timeout=random.uniform(0.02, 0.3))
         if task in done:
             task.result()
-            break
+            continue
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
-        cancels += 1
-    run.cell.events.append(f"{cancels} cancellations of the reading task")
+            swallowed += 1  # the read returned as if never cancelled
+        except asyncio.CancelledError:
+            cancels += 1
+    idle_since = time.monotonic()
+    while not run.finished() and time.monotonic() - idle_since < 5:
+        table = await consumer.read(1000, timeout=0.5)
+        run.take(table.column("body"), table.column("offset").to_numpy())
+        if table.num_rows:
+            idle_since = time.monotonic()
+    run.cell.events.append(f"{cancels} reads cancelled")
+    if swallowed:
+        run.verdict_hint = (f"{swallowed} of {cancels + swallowed} cancellations "
+                            f"were swallowed: the read returned instead of raising "
+                            f"CancelledError")
 
 
 def cell_range(run: Run) -> None:
@@ -963,7 +995,8 @@ def cell_interrupted(run: Run) -> None:
     wait_for(lambda: len(pairs(out)) > 0 or child.poll() is not None, 60)
     feeder = Feeder(run, streams, filtered=filtered).start()
     sent = 0
-    while not feeder.done.is_set() and child.poll() is None:
+    while (not feeder.done.is_set() and child.poll() is None
+           and (pairs(out)[:, 1] == SENTINEL).sum() < len(streams)):
         time.sleep(random.uniform(0.05, 0.25))
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signal.SIGINT)
@@ -991,10 +1024,6 @@ def child_main(spec: dict[str, Any]) -> int:
         os.write(out, data.tobytes())
 
     role = spec["role"]
-    if role == "interrupted":
-        # Held in every thread (they inherit it), let through only while
-        # the main thread reads: see _child_interrupted.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     with pystream.connect(URI, **OPTIONS) as client:
         if role in ("consume", "super"):
             return _child_consume(client, spec, write)
@@ -1042,9 +1071,17 @@ def _child_consume(client: pystream.Client, spec: dict[str, Any], write: Any) ->
 def _child_interrupted(client: pystream.Client, spec: dict[str, Any], write: Any) -> int:
     """Reads as docs/consuming.md says an application that is interrupted
     should: keep the result of a read before anything else, catch the
-    KeyboardInterrupt, read on. SIGINT is held while the records are
-    written (processed)."""
-    sigint = {signal.SIGINT}
+    KeyboardInterrupt, read on. A SIGINT interrupts the reads only (while
+    the records are written, processed, it is counted and dropped)."""
+    reading = [False]
+    dropped = [0]
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if reading[0]:
+            raise KeyboardInterrupt
+        dropped[0] += 1
+
+    signal.signal(signal.SIGINT, on_sigint)
     options: dict[str, Any] = {}
     if spec["filtered"]:
         options.update(columns=["application_properties"],
@@ -1059,14 +1096,14 @@ def _child_interrupted(client: pystream.Client, spec: dict[str, Any], write: Any
         while ends < spec["partitions"]:
             parts: list[Any] = []
             try:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
+                reading[0] = True
                 if spec["super"]:
                     parts.append(next(iter(consumer.batches(0.5)), None))
                 else:
                     parts.append(consumer.read(500, timeout=0.5))
-                signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
+                reading[0] = False
             except KeyboardInterrupt:
-                signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
+                reading[0] = False
                 interrupts += 1
             for part in parts:
                 if part is None or not part.num_rows:
@@ -1077,7 +1114,9 @@ def _child_interrupted(client: pystream.Client, spec: dict[str, Any], write: Any
                 seqs = seqs_of(part)
                 write(np.full(len(seqs), key), seqs)
                 ends += int((seqs == SENTINEL).sum())
-    print(json.dumps({"done": True, "interrupts": interrupts, "sentinels": ends}))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
+    print(json.dumps({"done": True, "interrupts": interrupts, "sentinels": ends,
+                      "outside_reads": dropped[0]}))
     return 0
 
 
@@ -1180,6 +1219,8 @@ def ensure_user() -> None:
 
 
 def run_round(fault: str, paths: list[str], workdir: Path) -> list[Cell]:
+    if any(p in SINKS for p in paths):
+        import pystream.spark.sink  # noqa: F401  # once, before the cells' threads
     round_ = Round(fault)
     cells: list[Cell] = []
     threads = []
