@@ -575,8 +575,10 @@ def cell_range(run: Run) -> None:
                 run.take(batch.column("body"), batch.column("offset").to_numpy())
                 if run.past_half():
                     run.midway()
-                    # The rest read over SECOND_HALF seconds: through the fault.
-                    time.sleep(batch.num_rows / N * SECOND_HALF * 2)
+                    # The rest after the fault (the consumer open, half the
+                    # range still to come), read over a few seconds.
+                    run.round.ended.wait(AFTER_FAULT)
+                    time.sleep(batch.num_rows / N * SECOND_HALF)
             got = check.consumed
             if got < run.expected.sum():
                 run.verdict_hint = (f"short read without an error: {got} rows of "
@@ -730,7 +732,7 @@ def finish_writer(run: Run, client: pystream.Client, confirmed: np.ndarray,
                   super_stream: str | None = None) -> None:
     run.expected = confirmed
     if not confirmed.all():
-        run.verdict_hint = f"{int((~confirmed).sum())} records never confirmed"
+        run.verdict_hint = run.verdict_hint or f"{int((~confirmed).sum())} records never confirmed"
     run.checker(contiguous=super_stream is None)
     read_back(run, client, super_stream)
 
@@ -768,16 +770,27 @@ def route(batch: pa.RecordBatch) -> np.ndarray:
     return (seqs % PARTITIONS).astype(np.int64)
 
 
-def sink_config(stream: str, codec: str, producer_name: str) -> Any:
-    """The sink's options as a Spark job would give them, parsed as it does."""
+def sink_config(stream: str, codec: str, producer_name: str,
+                client_options: dict[str, Any]) -> Any:
+    """The sink's options as a Spark job would give them, parsed as it does.
+    The task's client (``ranges.client_for``: one per broker in a Spark
+    Python worker) is made first, with the cells' heartbeat, so that the
+    pause outlasts it as it does the other cells'. A cell's own (its own
+    ``passwordEnv``, unused beside the file): one Python worker per task."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
+    from pystream import ranges
+    from pystream.spark.options import broker_ref, normalize
     from pystream.spark.sink import SinkConfig
 
     options = {"uri": URI_NO_PASSWORD, "passwordFile": str(password_file()),
+               "passwordEnv": f"PYSTREAM_FAULTS_{producer_name.replace('-', '_')}",
                "stream": stream, "producerName": producer_name}
     if codec != "none":
         options["compression"] = codec
+    broker = broker_ref(normalize(options))
+    with ranges._clients_lock:
+        ranges._clients[(broker, ())] = pystream.Client(broker.address(), **client_options)
     return SinkConfig.parse(options, StructType([StructField("body", BinaryType())]),
                             False)
 
@@ -787,21 +800,6 @@ def password_file() -> Path:
     if not path.exists():
         path.write_text(PASSWORD)
     return path
-
-
-def executor_client(config: Any, options: dict[str, Any]) -> None:
-    """The sink's tasks share one client per broker and process
-    (``ranges.client_for``); here it has the cells' heartbeat (1 s in the pause's), so that
-    the pause outlasts it as it does the other cells'."""
-    from pystream import ranges
-
-    with ranges._clients_lock:
-        key = (config.broker, ())
-        old = ranges._clients.get(key)
-        if old is None or old.connection.heartbeat != options["heartbeat"]:
-            ranges._clients[key] = pystream.Client(config.broker.address(), **options)
-            if old is not None:
-                old.close()
 
 
 def sink_batches(run: Run | None, first: int, fail_at: int | None,
@@ -827,10 +825,10 @@ def cell_sink(run: Run) -> None:
     codec = run.path.removeprefix("sink-")
     with run.connect() as client:
         stream = run.stream(client)
-        config = sink_config(stream, codec, run.tag)
-        executor_client(config, run.options)
+        config = sink_config(stream, codec, run.tag, run.options)
         fail_at = N // 2 if run.fault == "exception" else None
         done = False
+        error = ""
         for _attempt in range(4):  # Spark's task attempts
             try:
                 commit = _write(config, sink_batches(run, 0, fail_at), f"{run.tag}-0", 1 << 32)
@@ -839,8 +837,11 @@ def cell_sink(run: Run) -> None:
                 done = True
                 break
             except (AppError, pystream.StreamError) as exc:
-                run.cell.events.append(f"{describe(exc)} (the task retried)")
+                error = describe(exc)
+                run.cell.events.append(f"{error} (the task retried)")
                 fail_at = None
+        if not done:
+            run.verdict_hint = f"every attempt of the task failed, the last with {error}"
         # A task that returned had every confirm.
         finish_writer(run, client, np.full(N, done))
 
@@ -1169,8 +1170,8 @@ def _child_super_produce(client: pystream.Client, spec: dict[str, Any], write: A
 def _child_sink(spec: dict[str, Any], write: Any) -> int:
     from pystream.spark.sink import _write
 
-    config = sink_config(spec["streams"][0], spec["codec"], spec["tag"])
-    executor_client(config, client_options(spec["fault"]))
+    config = sink_config(spec["streams"][0], spec["codec"], spec["tag"],
+                         client_options(spec["fault"]))
     commit = _write(config, _paced(sink_batches(None, 0, None, lambda s, n: write([s], [n]))),
                     f"{spec['tag']}-0", 1 << 32)
     print(json.dumps({"done": True, "counts": commit.counts, "skipped": commit.skipped}))
@@ -1311,6 +1312,11 @@ def judge(run: Run, round_: Round) -> None:
             reasons.append(f"{c.unexpected} records that were not to be read")
         if c.expected == 0:
             reasons.append("no record was confirmed")
+    if round_.fault in BROKER_FAULTS and not reasons:
+        if not c.faulted_midway:
+            reasons.append("the fault struck before the cell was half-way")
+        if not c.recoveries and not c.events:
+            reasons.append("no recovery was logged: the fault missed the cell")
     c.verdict = "fail" if reasons else "pass"
     c.reason = "; ".join(reasons)
 
@@ -1335,8 +1341,9 @@ class Matrix:
     seconds: float
     rounds: dict[str, float]
 
-    def cell(self, path: str, fault: str) -> Cell:
-        return next(c for c in self.cells if (c.path, c.fault) == (path, fault))
+    def cell(self, path: str, fault: str) -> Cell | None:
+        """The cell, if it was run."""
+        return next((c for c in self.cells if (c.path, c.fault) == (path, fault)), None)
 
     def failing(self) -> list[Cell]:
         return [c for c in self.cells if c.verdict == "fail"]
