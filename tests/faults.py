@@ -1283,6 +1283,9 @@ def judge(run: Run, round_: Round) -> None:
     c = run.cell
     check = run.check
     c.expected = int(run.expected.sum())
+    if round_.fault not in BROKER_FAULTS:
+        # The application's faults strike past half-way by construction.
+        c.faulted_midway = check is not None
     if check is not None:
         c.read = check.consumed
         c.lost = check.lost(run.expected)
