@@ -251,6 +251,7 @@ class Run:
         self.super_streams: list[str] = []
         self.verdict_hint: str | None = None  # a failure found on the way
         self.half = N // 2                    # records read half-way
+        self.failed = threading.Event()       # the application's fault struck
 
     # -- time --
     def late(self) -> bool:
@@ -303,6 +304,22 @@ class Run:
             if self.check.consumed >= self.half:
                 self.halfway.set()
         return seqs
+
+    def process(self, body: pa.Array | pa.ChunkedArray, offsets: Any = None,
+                key: str = "") -> None:
+        """The application's work on a batch: ``take``; under the exception
+        fault the first batch past half-way fails instead (is not taken)."""
+        if self.strikes(len(body) > 0 and self.past_half()):
+            raise AppError("processing a batch failed")
+        self.take(body, offsets, key)
+
+    def strikes(self, due: bool) -> bool:
+        """Whether the application's fault (exception) strikes now: the
+        first time it is ``due``."""
+        if self.fault != "exception" or not due or self.failed.is_set():
+            return False
+        self.failed.set()
+        return True
 
     def past_half(self) -> bool:
         assert self.check is not None
@@ -449,49 +466,46 @@ def read_back(run: Run, client: pystream.Client, super_stream: str | None = None
 
 
 def cell_consumer(run: Run) -> None:
+    stream, feeder = fed_stream(run, contiguous=True)
     with run.connect() as client:
-        stream = run.stream(client)
-        feeder = Feeder(run, [stream]).start()
-        run.checker(contiguous=True)
-        run.expected = feeder.confirmed  # filled as confirms come
-        failed = False
         while not run.finished():
             try:
                 with client.consumer(stream, offset="first", name=run.tag) as consumer:
                     while not run.finished():
                         table = consumer.read(1000, timeout=0.5)
-                        if (run.fault == "exception" and not failed and table.num_rows
-                                and run.past_half()):
-                            failed = True
-                            raise AppError("processing a batch failed")
-                        run.take(table.column("body"), table.column("offset").to_numpy())
+                        run.process(table.column("body"), table.column("offset").to_numpy())
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (consumer closed, opened again)")
-        feeder.done.wait(AFTER_FAULT)
         feeder_result(run, feeder)
 
 
+def fed_stream(run: Run, contiguous: bool) -> tuple[str, Feeder]:
+    """A stream of the cell's own, its feeder started, the checker ready."""
+    with run.connect() as client:
+        stream = run.stream(client)
+    feeder = Feeder(run, [stream]).start()
+    run.checker(contiguous=contiguous)
+    run.expected = feeder.confirmed  # filled as confirms come
+    return stream, feeder
+
+
 def feeder_result(run: Run, feeder: Feeder) -> None:
+    """Once the feeder is done: what the reader must have read."""
+    feeder.done.wait(AFTER_FAULT)
     run.expected = feeder.confirmed & ~run.excluded
     if feeder.error is not None:
         run.verdict_hint = f"the feeding producer failed: {describe(feeder.error)}"
 
 
 def cell_aio(run: Run) -> None:
-    with run.connect() as client:
-        stream = run.stream(client)
-    feeder = Feeder(run, [stream]).start()
-    run.checker(contiguous=True)
-    run.expected = feeder.confirmed
+    stream, feeder = fed_stream(run, contiguous=True)
     asyncio.run(_aio(run, stream))
-    feeder.done.wait(AFTER_FAULT)
     feeder_result(run, feeder)
 
 
 async def _aio(run: Run, stream: str) -> None:
     client = await aio.connect(URI, **run.options)
     try:
-        failed = False
         while not run.finished():
             consumer = await client.consumer(stream, offset="first", name=run.tag)
             try:
@@ -500,11 +514,7 @@ async def _aio(run: Run, stream: str) -> None:
                     return
                 while not run.finished():
                     table = await consumer.read(1000, timeout=0.5)
-                    if (run.fault == "exception" and not failed and table.num_rows
-                            and run.past_half()):
-                        failed = True
-                        raise AppError("processing a batch failed")
-                    run.take(table.column("body"), table.column("offset").to_numpy())
+                    run.process(table.column("body"), table.column("offset").to_numpy())
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (consumer closed, opened again)")
             finally:
@@ -568,17 +578,14 @@ def cell_range(run: Run) -> None:
     if filtered:
         options.update(columns=["application_properties"],
                        filter=pystream.Filter(["red"], post_filter=red))
-    failed = held = False
+    held = False
     for _attempt in range(4):  # Spark's task attempts
         check = run.checker(contiguous=not filtered)
         batches = iter(read_range(URI, stream, r.start, r.end,
                                   connection_options=run.options, **options))
         try:
             for batch in batches:
-                if run.fault == "exception" and not failed and run.past_half():
-                    failed = True
-                    raise AppError("the task failed")
-                run.take(batch.column("body"), batch.column("offset").to_numpy())
+                run.process(batch.column("body"), batch.column("offset").to_numpy())
                 if run.past_half() and not held:
                     # Half the range is still to come, more than the
                     # credit lets the broker send ahead: held until the
@@ -603,23 +610,17 @@ def cell_range(run: Run) -> None:
 
 
 def cell_sac(run: Run) -> None:
-    with run.connect() as client:
-        stream = run.stream(client)
-    feeder = Feeder(run, [stream]).start()
-    run.checker(contiguous=False)
-    run.expected = feeder.confirmed
-    failed = threading.Event()
-    threads = [threading.Thread(target=_sac_member, args=(run, stream, who, failed),
+    stream, feeder = fed_stream(run, contiguous=False)
+    threads = [threading.Thread(target=_sac_member, args=(run, stream, who),
                                 daemon=True) for who in "AB"]
     for t in threads:
         t.start()
     for t in threads:
         t.join(MIDWAY_WAIT + PAUSE + 3 * AFTER_FAULT)
-    feeder.done.wait(AFTER_FAULT)
     feeder_result(run, feeder)
 
 
-def _sac_member(run: Run, stream: str, who: str, failed: threading.Event) -> None:
+def _sac_member(run: Run, stream: str, who: str) -> None:
     with run.connect() as client:
         while not run.finished():
             try:
@@ -627,11 +628,7 @@ def _sac_member(run: Run, stream: str, who: str, failed: threading.Event) -> Non
                                      single_active=True) as consumer:
                     while not run.finished():
                         table = consumer.read(1000, timeout=0.5)
-                        if (run.fault == "exception" and table.num_rows
-                                and run.past_half() and not failed.is_set()):
-                            failed.set()
-                            raise AppError(f"consumer {who}: processing a batch failed")
-                        run.take(table.column("body"), key=who)
+                        run.process(table.column("body"), key=who)
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (consumer closed, opened again)")
 
@@ -643,33 +640,24 @@ def cell_super(run: Run) -> None:
         run.checker(contiguous=False)
         run.expected = feeder.confirmed
         run.sentinels_wanted = len(partitions)
-        failed = False
         while not run.finished():
             try:
                 with client.consumer(super_stream=run.tag, offset="first",
                                      name=run.tag) as consumer:
                     while not run.finished():
                         for batch in consumer.batches(timeout=0.5):
-                            if (run.fault == "exception" and not failed
-                                    and run.past_half()):
-                                failed = True
-                                raise AppError("processing a batch failed")
-                            key = batch.schema.metadata[b"stream"].decode()
-                            run.take(batch.column("body"), key=key)
+                            run.process(batch.column("body"),
+                                        key=batch.schema.metadata[b"stream"].decode())
                             if run.finished():
                                 break
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (consumer closed, opened again)")
-        feeder.done.wait(AFTER_FAULT)
         feeder_result(run, feeder)
 
 
 def cell_filtered(run: Run) -> None:
-    failed = threading.Event()
-
     def post_filter(batch: pa.RecordBatch) -> Any:
-        if run.fault == "exception" and run.past_half() and not failed.is_set():
-            failed.set()
+        if run.strikes(run.past_half()):
             raise AppError("the post filter failed")
         return red(batch)
 
@@ -691,7 +679,6 @@ def cell_filtered(run: Run) -> None:
                     run.cell.events.append(f"AppError: {exc} (read on)")
                     continue
                 run.take(table.column("body"), table.column("offset").to_numpy())
-        feeder.done.wait(AFTER_FAULT)
         feeder_result(run, feeder)
 
 
@@ -702,32 +689,47 @@ def cell_producer(run: Run) -> None:
     with run.connect() as client:
         stream = run.stream(client)
         confirmed = np.zeros(N, bool)
-        seq, failed = 0, False
+        seq = 0
         while seq < N and not run.late():
             try:
                 with client.producer(stream, name=run.tag) as producer:
                     # Resuming: some records again, which the broker drops.
-                    seq = max(0, producer.last_publishing_id - (OVERLAP if seq else 0))
-                    while seq < N:
-                        if run.fault == "exception" and not failed and seq >= N // 2:
-                            failed = True
-                            raise AppError("the application failed")
-                        n = min(BATCH, N - seq)
-                        future = producer.send_batch(as_binary(bodies(seq, n)),
-                                                     publishing_id=seq + 1)
-                        future.add_done_callback(
-                            lambda f, s=seq, n=n: _mark(confirmed, f, s, n))
-                        seq += n
-                        pace(run, seq)
-                    producer.flush(timeout=AFTER_FAULT)
+                    last = producer.last_publishing_id
+                    seq = max(0, last - OVERLAP) if last else 0
+                    seq = publish_from(producer, seq, marker(confirmed), ids=True, run=run)
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (producer closed, opened again)")
         finish_writer(run, client, confirmed)
 
 
-def _mark(confirmed: np.ndarray, future: Any, first: int, n: int) -> None:
-    if future.exception() is None:
+def publish_from(producer: Any, seq: int, confirmed: Callable[[int, int], Any], *,
+                 ids: bool, run: Run | None = None) -> int:
+    """Send ``seq``..N-1 (with publishing ids ``seq + 1``.. if ``ids``),
+    ``confirmed(first, count)`` as confirms come, then wait for them all;
+    returns N. A cell's (``run``) paces itself and fails half-way under the
+    exception fault; a child's sends a batch every 10 ms."""
+    while seq < N:
+        if run is not None and run.strikes(seq >= N // 2):
+            raise AppError("the application failed")
+        n = min(BATCH, N - seq)
+        batch = as_binary(bodies(seq, n))
+        future = (producer.send_batch(batch, publishing_id=seq + 1) if ids
+                  else producer.send_batch(batch))
+        future.add_done_callback(
+            lambda f, s=seq, n=n: f.exception() is None and confirmed(s, n))
+        seq += n
+        if run is not None:
+            pace(run, seq)
+        else:
+            time.sleep(0.01)
+    producer.flush(timeout=AFTER_FAULT)
+    return seq
+
+
+def marker(confirmed: np.ndarray) -> Callable[[int, int], None]:
+    def mark(first: int, n: int) -> None:
         confirmed[first:first + n] = True
+    return mark
 
 
 def pace(run: Run, seq: int) -> None:
@@ -750,24 +752,14 @@ def cell_super_producer(run: Run) -> None:
     with run.connect() as client:
         run.super_stream(client)
         confirmed = np.zeros(N, bool)
-        failed = False
         while not confirmed.all() and not run.late():
             try:
                 with client.producer(super_stream=run.tag, route=route,
                                      name=run.tag) as producer:
                     # From the first record not confirmed: after a close
                     # (which flushed) nothing is sent twice.
-                    seq = int(np.argmin(confirmed))
-                    while seq < N:
-                        if run.fault == "exception" and not failed and seq >= N // 2:
-                            failed = True
-                            raise AppError("the application failed")
-                        n = min(BATCH, N - seq)
-                        producer.send_batch(as_binary(bodies(seq, n))).add_done_callback(
-                            lambda f, s=seq, n=n: _mark(confirmed, f, s, n))
-                        seq += n
-                        pace(run, seq)
-                    producer.flush(timeout=AFTER_FAULT)
+                    publish_from(producer, int(np.argmin(confirmed)), marker(confirmed),
+                                 ids=False, run=run)
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (producer closed, opened again)")
         finish_writer(run, client, confirmed, super_stream=run.tag)
@@ -1145,14 +1137,7 @@ def _child_produce(client: pystream.Client, spec: dict[str, Any], write: Any) ->
     with client.producer(spec["streams"][0], name=spec["tag"]) as producer:
         last = producer.last_publishing_id
         seq = max(0, last - OVERLAP) if last else 0  # some again: the broker drops them
-        while seq < N:
-            n = min(BATCH, N - seq)
-            producer.send_batch(as_binary(bodies(seq, n)), publishing_id=seq + 1
-                                ).add_done_callback(
-                lambda f, s=seq, n=n: f.exception() is None and write([s], [n]))
-            seq += n
-            time.sleep(0.01)
-        producer.flush(timeout=AFTER_FAULT)
+        publish_from(producer, seq, lambda s, n: write([s], [n]), ids=True)
     print(json.dumps({"done": True}))
     return 0
 
@@ -1165,13 +1150,7 @@ def _child_super_produce(client: pystream.Client, spec: dict[str, Any], write: A
     with client.producer(super_stream=spec["super_stream"], route=route,
                          name=spec["tag"]) as producer:
         seq = int(np.argmin(confirmed)) if not confirmed.all() else N
-        while seq < N:
-            n = min(BATCH, N - seq)
-            producer.send_batch(as_binary(bodies(seq, n))).add_done_callback(
-                lambda f, s=seq, n=n: f.exception() is None and write([s], [n]))
-            seq += n
-            time.sleep(0.01)
-        producer.flush(timeout=AFTER_FAULT)
+        publish_from(producer, seq, lambda s, n: write([s], [n]), ids=False)
     print(json.dumps({"done": True}))
     return 0
 
