@@ -28,8 +28,8 @@ KNOWN: dict[tuple[str, str], str] = {
     ("aio", "cancel"): "AsyncConsumer.read drops the rows it took when cancelled "
                        "(and on Python 3.11 asyncio.wait_for may swallow the "
                        "cancellation)",
-    ("range", "pause"): "read_range hands a chunk twice after the connection is "
-                        "lost to the heartbeat",
+    ("range", "pause"): "read_range handed a chunk twice after the connection was "
+                        "lost to the heartbeat (seen in one run, on a loaded machine)",
     ("range-filtered", "pause"): "as range/pause",
     ("range", "restart"): "read_range raises ConnectionLost from its idle check's "
                           "admin call while the node is down (each retry too)",
