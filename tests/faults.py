@@ -424,7 +424,7 @@ class Feeder:
             self.confirmed[seqs] = True
 
 
-def prefill(run: Run, client: pystream.Client, stream: str, *, filtered: bool,
+def prefill(client: pystream.Client, stream: str, *, filtered: bool,
             sentinel: bool) -> np.ndarray:
     """N records in chunks of about 100 (each batch confirmed before the
     next), so that a range read needs many chunks; the confirmed mask."""
@@ -564,7 +564,7 @@ def cell_range(run: Run) -> None:
     filtered = run.path == "range-filtered"
     with run.connect() as client:
         stream = run.stream(client)
-        confirmed = prefill(run, client, stream, filtered=filtered, sentinel=False)
+        confirmed = prefill(client, stream, filtered=filtered, sentinel=False)
     if filtered:
         run.excluded, run.half = np.arange(N) % 2 == 1, N // 4
     run.expected = confirmed & ~run.excluded
@@ -916,7 +916,7 @@ def cell_kill_reader(run: Run) -> None:
             run.expected = np.ones(N, bool)
         else:
             stream = run.stream(client)
-            run.expected = prefill(run, client, stream, filtered=False, sentinel=True)
+            run.expected = prefill(client, stream, filtered=False, sentinel=True)
     run.checker(contiguous=False)
     out = [run.workdir / f"{run.tag}-{i}.bin" for i in range(3)]
     spec: dict[str, Any] = {"single_active": run.path == "sac", "super": run.path == "super"}
@@ -933,6 +933,8 @@ def cell_kill_reader(run: Run) -> None:
         time.sleep(0.05)
         grew = [len(pairs(p)) - s for p, s in zip(out[:2], sizes, strict=True)]
         victim = int(np.argmax(grew)) if max(grew) > 0 else victim
+    if children[victim].poll() is not None:
+        run.verdict_hint = "the reader had finished before the kill: not tested"
     children[victim].kill()
     reap(run, children[victim], 30)
     children[victim] = spawn(run, role, out[2], paced=False, **spec)
@@ -974,6 +976,8 @@ def cell_kill_writer(run: Run) -> None:
         sent = lambda: int(pairs(out[0])[:, 1].sum())  # noqa: E731
         wait_for(lambda: sent() >= N // 2 or child.poll() is not None, 60)
         run.halfway.set()
+        if child.poll() is not None:
+            run.verdict_hint = "the writer had finished before the kill: not tested"
         child.kill()
         reap(run, child, 30)
         child = spawn(run, role, out[1], codec=codec, super_stream=super_stream,
