@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 
-.PHONY: demo test unit lint build deps brokers docs wheel sdist fuzz soak partitions bench clean
+.PHONY: demo test unit lint build deps brokers docs wheel sdist fuzz soak faults partitions bench clean
 
 deps:
 	scripts/install-deps
@@ -67,6 +67,16 @@ fuzz: deps
 # fault every 30 s (make test runs an 80 s one in tests/test_soak.py).
 soak: build brokers
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS) --json bench/results/soak.json
+
+# The fault x feature matrix (tests/faults.py): every reading and writing
+# path while the modern broker closes the connections, pauses past the
+# heartbeat or restarts, and while the application raises, is cancelled or
+# killed (make test runs it in tests/test_fault_matrix.py); stored in
+# bench/results/faults.json and rendered into docs/reliability.md, failing
+# cells included (the exit status says whether there were any).
+faults: build brokers
+	$(PY) -m tests.faults --json bench/results/faults.json; status=$$?; \
+		$(PY) bench/report.py && exit $$status
 
 # True network partitions of a three-node cluster in network namespaces
 # (scripts/broker up netcluster, started and removed by the tests; make test

@@ -8,8 +8,8 @@ rendered from the stored results.
 Every figure of README.md's "How fast", of the Benchmarks page
 (docs/benchmarks.md), and of any other page under docs/ (the decode table
 of "Decoding Deliver frames", the Spark read, write and DuckDB figures of
-"Spark", the metrics' cost in "Monitoring", the partition table of
-"Reliability") sits between a pair of marker
+"Spark", the metrics' cost in "Monitoring", the partition table and the
+fault matrix of "Reliability") sits between a pair of marker
 comments, ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, and is
 written here from bench/results/*.json; nothing between them is typed by
 hand. A block may stand in any of those files, and in more than one.
@@ -468,11 +468,48 @@ def spark_io_block() -> str:
     return "\n".join(out) + "\n"
 
 
+def faults_block() -> str:
+    """The fault x feature matrix (tests/faults.py, ``make faults``): a
+    verdict per path and fault, the failures' reasons below."""
+    res = load("faults")
+    if not res:
+        return "(no stored results: run `make faults`)\n"
+    cells = {(c["path"], c["fault"]): c for c in res["cells"]}
+    faults = res["faults"]
+    out = ["| path | " + " | ".join(faults) + " |", "|---" * (len(faults) + 1) + "|"]
+    notes: list[str] = []
+    for path, label in res["paths"].items():
+        row = []
+        for fault in faults:
+            c = cells.get((path, fault))
+            if c is None or c["verdict"] == "n/a":
+                row.append("n/a")
+            elif c["verdict"] == "pass":
+                row.append("pass" if c["promise"] == "exactly-once" else "pass (at least once)")
+            else:
+                reason = " ".join(c["reason"].split()).replace("|", "/")
+                notes.append(f"{len(notes) + 1}. {label}, {fault}: "
+                             + (reason if len(reason) <= 300 else reason[:297] + "..."))
+                row.append(f"**fail** ({len(notes)})")
+        out.append(f"| {label} | " + " | ".join(row) + " |")
+    verdicts = [c["verdict"] for c in res["cells"]]
+    rounds = ", ".join(f"{k} {v:.0f} s" for k, v in res["rounds"].items())
+    records = f"{res['records_per_cell']:,}".replace(",", " ")
+    out += ["", f"{len(verdicts)} cells: {verdicts.count('pass')} pass, "
+                f"{verdicts.count('fail')} fail, {verdicts.count('n/a')} n/a; "
+                f"{records} records a cell; the whole matrix took "
+                f"{res['seconds']:.0f} s ({rounds})."]
+    if notes:
+        out += [""] + notes
+    out += ["", machine_line(res["machine"], "Measured")]
+    return "\n".join(out) + "\n"
+
+
 BLOCKS = {"how-fast": how_fast, "targets": targets_block, "consume": consume_block,
           "publish": publish_block, "latency": latency_block,
           "decode": decode_block, "spark": spark_block, "spark-io": spark_io_block,
           "otel": otel_block, "distance": distance_block,
-          "partitions": partitions_block}
+          "partitions": partitions_block, "faults": faults_block}
 
 
 def pages() -> list[Path]:

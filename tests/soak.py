@@ -42,9 +42,15 @@ TICK = 0.01        # the producer sends what is due every 10 ms
 
 def bodies(first: int, count: int) -> np.ndarray:
     """Rows of BODY bytes for sequence numbers first .. first+count-1."""
-    seqs = np.arange(first, first + count, dtype=np.uint64)
-    rows = np.empty((count, BODY), np.uint8)
-    rows[:, :8] = seqs.view(np.uint8).reshape(count, 8)
+    return bodies_of(np.arange(first, first + count, dtype=np.uint64))
+
+
+def bodies_of(seqs: np.ndarray) -> np.ndarray:
+    """Rows of BODY bytes for the sequence numbers ``seqs``: each its number
+    (8 bytes, little-endian), then a pattern of it."""
+    seqs = np.asarray(seqs, dtype=np.uint64)
+    rows = np.empty((len(seqs), BODY), np.uint8)
+    rows[:, :8] = seqs.view(np.uint8).reshape(len(seqs), 8)
     rows[:, 8:] = (seqs % 251).astype(np.uint8)[:, None]
     return rows
 
@@ -68,6 +74,68 @@ def rows_of(column: pa.Array) -> np.ndarray:
         raise AssertionError(f"a body of {lengths[lengths != BODY][0]} bytes")
     data = np.frombuffer(data_buffer, np.uint8)
     return data[offsets[:-1, None] + np.arange(BODY)]
+
+
+class Checker:
+    """What a reader got, against the sequence numbers published: bodies
+    compared byte for byte, order, duplicates and (given the confirmed ones)
+    losses. Sequence numbers are checked for order per ``key`` (a partition,
+    a consumer); ``contiguous``: each must follow the previous by one (one
+    reader of everything), else only increase (a partition, a filter)."""
+
+    def __init__(self, capacity: int, contiguous: bool = True) -> None:
+        self.seen = np.zeros(capacity, np.uint8)
+        self.contiguous = contiguous
+        self.expected_next: dict[str, int] = {}
+        self.out_of_order = 0
+        self.body_mismatches = 0
+        self.consumed = 0
+        self.foreign = 0          # sequence numbers never published
+        self.crc = 0
+        self.first_offset: int | None = None
+        self.last_offset = -1
+
+    def add(self, rows: np.ndarray, offsets: np.ndarray | None = None,
+            key: str = "") -> np.ndarray:
+        """Count a batch's bodies (rows of BODY bytes, see ``rows_of``) and,
+        for one stream, their offsets; returns their sequence numbers."""
+        if not len(rows):
+            return np.zeros(0, np.int64)
+        seqs = rows[:, :8].copy().view(np.uint64).ravel().astype(np.int64)
+        if offsets is not None and len(offsets):
+            if self.first_offset is None:
+                self.first_offset = int(offsets[0])
+            self.out_of_order += int((np.diff(offsets) <= 0).sum())
+            self.out_of_order += int(offsets[0] <= self.last_offset)
+            self.last_offset = int(offsets[-1])
+        step = np.diff(seqs)
+        nxt = self.expected_next.get(key, 0)
+        if self.contiguous:
+            self.out_of_order += int((step != 1).sum()) + int(seqs[0] != nxt)
+        else:
+            self.out_of_order += int((step <= 0).sum()) + int(seqs[0] < nxt)
+        self.expected_next[key] = int(seqs[-1]) + 1
+        expected = bodies_of(seqs)  # each body as its number makes it
+        if not np.array_equal(rows, expected):
+            self.body_mismatches += int((rows != expected).any(axis=1).sum())
+        self.crc = zlib.crc32(rows.tobytes(), self.crc)
+        inside = (seqs >= 0) & (seqs < len(self.seen))
+        self.foreign += int((~inside).sum())
+        np.add.at(self.seen, seqs[inside], 1)
+        self.consumed += len(seqs)
+        return seqs
+
+    def next_seq(self, key: str = "") -> int:
+        """The sequence number after the last one read (for ``key``)."""
+        return self.expected_next.get(key, 0)
+
+    def duplicates(self) -> int:
+        """Sequence numbers read more than once."""
+        return int((self.seen > 1).sum())
+
+    def lost(self, confirmed: np.ndarray) -> int:
+        """Confirmed sequence numbers (a mask from 0) never read."""
+        return int((confirmed & (self.seen[:len(confirmed)] == 0)).sum())
 
 
 @dataclass
@@ -178,17 +246,14 @@ class Soak:
             self.confirmed_at.append(self.now())
 
     def consume(self, client: pystream.Client, report: SoakReport) -> None:
-        expected_next = 0
-        last_offset = -1
-        crc = 0
-        seen = np.zeros_like(self.confirmed, dtype=np.uint8)
+        check = Checker(len(self.confirmed))
         with client.consumer(self.stream, offset="first",
                              recovery_timeout=120) as consumer:
             idle_since = None
             while True:
                 table = consumer.read(100_000, timeout=0.5)
                 if table.num_rows == 0:
-                    if self.produced.is_set() and expected_next >= self.published:
+                    if self.produced.is_set() and check.next_seq() >= self.published:
                         break
                     if not self.producing.is_set():  # done, or the producer failed
                         idle_since = idle_since or time.monotonic()
@@ -196,30 +261,14 @@ class Soak:
                             break
                     continue
                 idle_since = None
-                offsets = table.column("offset").to_numpy()
-                rows = rows_of(table.column("body"))
-                seqs = rows[:, :8].copy().view(np.uint64).ravel().astype(np.int64)
+                check.add(rows_of(table.column("body")), table.column("offset").to_numpy())
                 self.received_at.append(self.now())
-                if report.first_offset is None:
-                    report.first_offset = int(offsets[0])
-                report.out_of_order += int((np.diff(offsets) <= 0).sum())
-                report.out_of_order += int(offsets[0] <= last_offset)
-                last_offset = int(offsets[-1])
-                report.out_of_order += int((np.diff(seqs) != 1).sum())
-                report.out_of_order += int(seqs[0] != expected_next)
-                expected_next = int(seqs[-1]) + 1
-                np.add.at(seen, seqs, 1)
-                if not np.array_equal(rows, bodies(int(seqs[0]), len(seqs))):
-                    expected = bodies(int(seqs[0]), len(seqs))
-                    report.body_mismatches += int((rows != expected).any(axis=1).sum())
-                crc = zlib.crc32(rows.tobytes(), crc)
-                report.consumed += len(seqs)
-        report.last_offset = last_offset
-        report.crc32_consumed = crc
+        report.first_offset, report.last_offset = check.first_offset, check.last_offset
+        report.out_of_order, report.body_mismatches = check.out_of_order, check.body_mismatches
+        report.consumed, report.crc32_consumed = check.consumed, check.crc
         confirmed = self.confirmed[:self.published]
-        seen = seen[:max(self.published, 1)]
-        report.duplicates = int((seen > 1).sum())
-        report.lost = int((confirmed & (seen[:self.published] == 0)).sum())
+        report.duplicates = check.duplicates()
+        report.lost = check.lost(confirmed)
         report.confirmed = int(confirmed.sum())
         report.crc32_expected = zlib.crc32(bodies(0, self.published).tobytes())
 
