@@ -72,6 +72,7 @@ class AsyncConsumer:
         self._loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
         consumer.add_waker(self._wake)
+        consumer._send_credit_in_background()  # never a blocking send on the loop
 
     def _wake(self) -> None:
         # From a reader thread; the loop may be gone at shutdown.

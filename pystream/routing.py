@@ -24,6 +24,8 @@ class SubscriptionSink(Protocol):
 
     stream: str
 
+    def admit(self, chunk: Chunk) -> bool: ...
+
     def on_chunks(self, chunks: list[Chunk]) -> None: ...
 
     def on_chunk_error(self, error: StreamError) -> None: ...
@@ -152,6 +154,11 @@ class FrameRoutes:
                         pending = 0
         finally:
             self._deliver(chunks)
+
+    def _admit(self, chunk: Chunk) -> bool:
+        """The decoder asks before it decodes a chunk (``StreamDecoder.admit``)."""
+        sink = self._sinks.get(chunk.subscription_id)
+        return sink is not None and sink.admit(chunk)
 
     def _deliver(self, chunks: list[Chunk]) -> None:
         """Each subscription's chunks of ``chunks``, in order; empties it."""
