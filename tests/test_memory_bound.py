@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import struct
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import pystream
-from pystream._core import encode_publish
+from pystream._core import Chunk, StreamDecoder, decode, encode_publish
 
 from . import golden
 from .conftest import MODERN_URI
@@ -131,3 +132,35 @@ def test_chunks_beyond_credit_are_counted_against_the_budget():
     assert result["error"] == "ProtocolError", got
     assert 0 < result["rows"] < 100 * PER_CHUNK
     assert got["growth"] < BUDGET + PER_CHUNK * MiB + SLACK, got
+
+
+def test_decoded_size_is_read_from_the_headers_and_decoding_can_wait():
+    """``Chunk.decoded_size``: the frame, what its compressed sub-batches
+    declare, 32 bytes a record, known before anything is inflated; a chunk
+    whose admission says no stays undecoded (its CRC checked) and decodes
+    later to the batch it would have had."""
+    frames, _ = encode_publish(0, 1, pa.array([bytes(1000)] * 3), compression="zstd",
+                               sub_batch_size=3, max_frame_size=0)
+    zstd = bytes(frames)[4 + 2 + 2 + 1 + 4 + 8:]
+    plain = golden.simple_entry(golden.amqp_data(b"p" * 10))
+    frame = golden.deliver(golden.chunk([zstd, plain], first_offset=5))
+    decoder = StreamDecoder(max_frame_size=0)
+    decoder.subscribe(0)
+    seen: list[Chunk] = []
+    decoder.admit = lambda chunk: bool(seen.append(chunk))
+    decoder.feed(frame)
+    chunk = decoder.next_event()
+    assert seen == [chunk] and chunk.batch is None and chunk.num_records == 4
+    declared = struct.unpack(">I", zstd[3:7])[0]
+    assert chunk.decoded_size == len(frame) + declared + 4 * 32
+    chunk.decode()
+    assert chunk.batch.column("offset").to_pylist() == [5, 6, 7, 8]
+    assert chunk.batch.equals(decode(frame))
+    decoder.admit = None  # decoded at once, as without a consumer
+    decoder.feed(frame)
+    assert decoder.next_event().batch.equals(decode(frame))
+    corrupt = golden.deliver(golden.chunk([plain], crc=1))
+    decoder.admit = lambda chunk: False
+    decoder.feed(corrupt)
+    with pytest.raises(pystream.CorruptChunk):
+        decoder.next_event()
