@@ -17,27 +17,33 @@ from .publishers import amqp_message, publish
 pytestmark = pytest.mark.broker
 
 
+class LoopWatch:
+    """Run as a task: how often the event loop came round, and its
+    longest stall."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.longest = 0.0
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.005)
+            now = time.monotonic()
+            self.longest = max(self.longest, now - last)
+            last = now
+            self.ticks += 1
+
+
 def test_async_for_reads_everything_and_the_loop_stays_free(modern, stream_name):
     modern.create_stream(stream_name)
     publish(modern, stream_name, [amqp_message(b"a%d" % i) for i in range(3000)])
 
     async def main() -> tuple[list[int], int, float]:
-        ticks = 0
-        longest = 0.0
-
-        async def ticker() -> None:
-            nonlocal ticks, longest
-            last = time.monotonic()
-            while True:
-                await asyncio.sleep(0.005)
-                now = time.monotonic()
-                longest = max(longest, now - last)
-                last = now
-                ticks += 1
-
+        watch = LoopWatch()
         async with await pystream.aio.connect(MODERN_URI) as client:
             assert (await client.stream_stats(stream_name))["first_chunk_id"] == 0
-            tick = asyncio.create_task(ticker())
+            tick = asyncio.create_task(watch.run())
             async with await client.consumer(stream_name, offset="first") as c:
                 offsets: list[int] = []
                 async for batch in c.batches(timeout=1.0):
@@ -48,7 +54,7 @@ def test_async_for_reads_everything_and_the_loop_stays_free(modern, stream_name)
                 assert (await c.read(10, timeout=0.5)).num_rows == 0
                 assert time.monotonic() - waited >= 0.45
             tick.cancel()
-        return offsets, ticks, longest
+        return offsets, watch.ticks, watch.longest
 
     try:
         offsets, ticks, longest = asyncio.run(main())
@@ -67,17 +73,7 @@ def test_credit_is_never_sent_on_the_event_loop(modern, stream_name):
         publish(modern, stream_name, [amqp_message(b"c%d" % i) for i in range(100)])
 
     async def main() -> tuple[int, float, bool]:
-        longest = 0.0
-
-        async def ticker() -> None:
-            nonlocal longest
-            last = time.monotonic()
-            while True:
-                await asyncio.sleep(0.005)
-                now = time.monotonic()
-                longest = max(longest, now - last)
-                last = now
-
+        watch = LoopWatch()
         async with await pystream.aio.connect(MODERN_URI) as client:
             async with await client.consumer(
                     stream_name, offset="first",
@@ -95,13 +91,13 @@ def test_credit_is_never_sent_on_the_event_loop(modern, stream_name):
 
                 conn.send = stuck_send  # type: ignore[method-assign]
                 threading.Timer(1.0, release.set).start()
-                tick = asyncio.create_task(ticker())
+                tick = asyncio.create_task(watch.run())
                 # One chunk on the Subscribe's credit; taking it grants one.
                 first = (await c.read(100, timeout=5)).num_rows
                 await asyncio.sleep(1.2)  # the send stays stuck for 1 s
                 rest = (await c.read(200, timeout=10)).num_rows
                 tick.cancel()
-        return first + rest, longest, stuck.is_set()
+        return first + rest, watch.longest, stuck.is_set()
 
     try:
         rows, longest, stuck = asyncio.run(main())
