@@ -69,6 +69,19 @@ class FrameRoutes:
         self._publishers: dict[int, PublisherSink] = {}
         self._handlers: dict[int, FrameHandler] = {}
 
+    def _admit_chunks(self, reader: StreamDecoder) -> None:
+        """Have ``reader`` ask the chunk's subscription before it decodes
+        a chunk (``StreamDecoder.admit``). Through the table, not a method:
+        the reader must not hold its connection, which would then live on
+        in a reference cycle after its last use, with its receive blocks."""
+        sinks = self._sinks
+
+        def admit(chunk: Chunk) -> bool:
+            sink = sinks.get(chunk.subscription_id)
+            return sink is not None and sink.admit(chunk)
+
+        reader.admit = admit
+
     def on_frame(self, key: int, handler: FrameHandler) -> None:
         """Route every frame with this key to ``handler`` (in the reader
         thread; it must not block)."""
@@ -154,11 +167,6 @@ class FrameRoutes:
                         pending = 0
         finally:
             self._deliver(chunks)
-
-    def _admit(self, chunk: Chunk) -> bool:
-        """The decoder asks before it decodes a chunk (``StreamDecoder.admit``)."""
-        sink = self._sinks.get(chunk.subscription_id)
-        return sink is not None and sink.admit(chunk)
 
     def _deliver(self, chunks: list[Chunk]) -> None:
         """Each subscription's chunks of ``chunks``, in order; empties it."""
