@@ -67,11 +67,14 @@ class Queued:
 
     @property
     def cost(self) -> int:
-        """What the credit counts it at: its decoded size once decoded,
-        its frame's until then (see ``CreditController.admit``)."""
-        chunk = self.chunk
-        assert chunk is not None
-        return chunk.size if chunk.batch is None else chunk.decoded_size
+        assert self.chunk is not None
+        return cost(self.chunk)
+
+
+def cost(chunk: Chunk) -> int:
+    """What the credit counts an admitted chunk at: its decoded size once
+    decoded, its frame's until then (see ``CreditController.admit``)."""
+    return chunk.size if chunk.batch is None else chunk.decoded_size
 
 
 class Subscription:
@@ -287,7 +290,7 @@ class Subscriptions:
                     continue  # not admitted: dropped
                 if not live or chunk.ticket != sub.credit.generation:
                     # Admitted, then the subscription broke or was rewound.
-                    sub.credit.dropped(Queued(sub, chunk).cost, chunk.ticket)
+                    sub.credit.dropped(cost(chunk), chunk.ticket)
                     continue
                 sub.received = max(sub.received or 0, chunk.next_offset)
                 if chunk.committed_chunk_id is not None:
