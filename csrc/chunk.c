@@ -149,6 +149,24 @@ static inline int next_entry(const ps_chunk *c, const uint8_t **q, entry *e, ps_
     return PS_OK;
 }
 
+uint64_t ps_chunk_inflated_size(const ps_chunk *c)
+{
+    const uint8_t *q = c->data;
+    uint64_t size = 0;
+    entry e;
+    ps_error ignored;
+    if (c->type != 0)
+        return 0;
+    for (uint32_t i = 0; i < c->num_entries; i++) {
+        if (next_entry(c, &q, &e, &ignored))
+            break;
+        if (e.codec > PS_CODEC_NONE)
+            size += e.uncompressed;
+        size += (uint64_t)e.records * PS_ROW_BYTES;
+    }
+    return size;
+}
+
 /* Append the records of decompressed (or codec 0) sub-batch bytes; *wp
  * is the caller's cursor, copied to a local for the loop. */
 static int add_sub_batch(const ps_chunk *c, ps_batch *b, ps_cursor *wp, const entry *e,

@@ -54,6 +54,14 @@ int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err);
 int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err);
 int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err);
 
+/* Bytes a decoded chunk's batch holds beyond its Deliver frame, from the
+ * entry headers alone (nothing is decompressed or allocated): the
+ * uncompressed length each compressed sub-batch declares, and
+ * PS_ROW_BYTES for each record (offset, timestamp and body view). The
+ * walk stops at the first entry it cannot read: decoding reports it. */
+enum { PS_ROW_BYTES = 32 };
+uint64_t ps_chunk_inflated_size(const ps_chunk *c);
+
 /* The CRC-32 of a chunk's entries, begun while its Deliver frame is still
  * arriving: a reader that checks each newly received piece at once reads
  * it from the cache (1 KiB records come in chunks of some 8 MB, which by

@@ -35,6 +35,9 @@ class Sink:
     def __init__(self) -> None:
         self.stream = "fuzz"
 
+    def admit(self, chunk) -> bool:
+        return True
+
     def on_chunks(self, chunks) -> None:
         for chunk in chunks:
             chunk.batch.validate(full=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -67,23 +67,30 @@ class FrameReader:
         """Bytes received but not yet returned as frames."""
 
 class Chunk:
-    """One decoded Deliver frame of a subscription: its ``batch``, the
-    chunk's ``first_offset``, ``num_records`` (dropped ones included),
-    ``committed_chunk_id`` (Deliver v2, else ``None``), ``timestamp`` (ms
-    since the epoch, the broker's clock), ``chunk_type`` (0 user; 1, 2
-    tracking, no rows), ``size`` (frame bytes) and ``decode_ns``."""
+    """One Deliver frame of a subscription: its ``batch`` (``None`` while
+    its decoding is deferred: ``decode()``), the chunk's ``first_offset``,
+    ``num_records`` (dropped ones included), ``committed_chunk_id``
+    (Deliver v2, else ``None``), ``timestamp`` (ms since the epoch, the
+    broker's clock), ``chunk_type`` (0 user; 1, 2 tracking, no rows),
+    ``size`` (frame bytes), ``decoded_size`` (the frame plus what decoding
+    adds, from the headers: declared uncompressed sub-batches and 32 bytes
+    a record) and ``decode_ns``; ``ticket`` is the admitting consumer's."""
     subscription_id: int
-    batch: pa.RecordBatch
+    batch: pa.RecordBatch | None
     first_offset: int
     num_records: int
     committed_chunk_id: int | None
     timestamp: int
     chunk_type: int
     size: int
+    decoded_size: int
     decode_ns: int
+    ticket: int | None
     @property
     def next_offset(self) -> int:
         """The offset that follows this chunk (records, not entries)."""
+    def decode(self) -> None:
+        """Decode a deferred chunk in this thread; nothing once decoded."""
 
 class StreamDecoder(FrameReader):
     """A ``FrameReader`` that also decodes the Deliver frames of the
@@ -94,7 +101,9 @@ class StreamDecoder(FrameReader):
     Deliver frames of other subscription ids, untouched), or ``None`` when
     no complete frame is buffered. Columns of ``body="view"`` batches point
     into the receive buffer, which stays alive (and out of reuse) while they
-    do."""
+    do. ``admit``, if set, sees each chunk before it is decoded; False
+    leaves it undecoded (its CRC checked) for ``Chunk.decode``."""
+    admit: Callable[[Chunk], bool] | None
     def subscribe(self, subscription_id: int, *, crc: bool = True, amqp: bool = True,
                   start_offset: int = 0, columns: Iterable[Column] | None = None,
                   body: Body = "view", error_policy: ErrorPolicy = "raise",

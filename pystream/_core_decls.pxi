@@ -124,6 +124,7 @@ cdef extern from "chunk.h":
     int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
     int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err) nogil
     int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
+    uint64_t ps_chunk_inflated_size(const ps_chunk *c) nogil
     int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b,
                          ps_error *err) nogil
     ctypedef struct ps_crc_ahead:

@@ -231,41 +231,84 @@ cdef enum:
     NOGIL_FRAME = 64 * 1024
 
 cdef class Chunk:
-    """One decoded Deliver frame of a subscription."""
+    """One Deliver frame of a subscription, decoded, or (``batch`` None)
+    left to decode later (see ``StreamDecoder.admit``)."""
     cdef readonly int subscription_id
-    cdef readonly object batch          # pyarrow.RecordBatch
+    cdef readonly object batch          # pyarrow.RecordBatch, None until decoded
     cdef readonly uint64_t first_offset
     cdef readonly uint32_t num_records  # records in the chunk, dropped ones included
     cdef readonly object committed_chunk_id  # Deliver v2, else None
     cdef readonly int64_t timestamp     # ms since the epoch (broker clock)
     cdef readonly int chunk_type        # 0 user; 1, 2 tracking (no rows)
     cdef readonly uint64_t size         # frame bytes, size prefix included
+    cdef readonly uint64_t decoded_size # what it holds decoded (see below)
     cdef readonly int64_t decode_ns     # time spent decoding it (monotonic clock)
+    cdef public object ticket           # the admitting consumer's bookkeeping
+    # A deferred chunk: its frame in a receive block, the options to decode it with.
+    cdef _Block block
+    cdef size_t frame_at
+    cdef uint32_t frame_len
+    cdef uint64_t frame_pos
+    cdef _Options options
 
     @property
     def next_offset(self):
         """The offset that follows this chunk (records, not entries)."""
         return self.first_offset + self.num_records
 
+    def decode(self):
+        """Decode a chunk whose admission was deferred, in this thread (its
+        CRC was checked on arrival); nothing once decoded."""
+        cdef _Builder builder
+        cdef ps_chunk c
+        cdef ps_error err
+        cdef int rc
+        cdef timespec t0, t1
+        cdef const uint8_t *frame
+        if self.options is None:
+            return
+        builder = _Builder(self.options)
+        frame = self.block.data + self.frame_at
+        with nogil:
+            clock_gettime(CLOCK_MONOTONIC, &t0)
+            rc = ps_deliver_parse(frame, self.frame_len, self.frame_pos, &c, &err)
+            if rc == PS_OK:
+                rc = ps_chunk_decode_records(&c, &builder.b, &err)
+            clock_gettime(CLOCK_MONOTONIC, &t1)
+        if rc != PS_OK:
+            builder.fail(&err)
+        self.batch = builder.export(self.block)
+        self.decode_ns = ((t1.tv_sec - t0.tv_sec) * 1000000000
+                          + (t1.tv_nsec - t0.tv_nsec))
+        self.block = None
+        self.options = None
+
     def __repr__(self):
+        rows = "deferred" if self.batch is None else self.batch.num_rows
         return (f"Chunk(subscription_id={self.subscription_id}, "
                 f"first_offset={self.first_offset}, num_records={self.num_records}, "
-                f"rows={self.batch.num_rows}, size={self.size})")
+                f"rows={rows}, size={self.size})")
+
+
+cdef int chunk_check(CrcWorker *w, const ps_chunk *c, uint32_t crc, uint32_t done,
+                     ps_error *err) noexcept nogil:
+    """The chunk's CRC, continued from that of the entries' first ``done``
+    bytes (checked as they arrived), the rest on two cores given a worker
+    (a rest whose CRC is worth splitting)."""
+    cdef size_t rest = c.data_len - done
+    if w != NULL:
+        crc = ps_crc32_combine(crc, crc32_split(w, c.data + done, rest), rest)
+    else:
+        crc = ps_crc32(crc, c.data + done, rest)
+    return ps_chunk_check_crc(c, crc, err)
 
 
 cdef int chunk_decode(CrcWorker *w, const ps_chunk *c, ps_batch *b, uint32_t crc,
                       uint32_t done, ps_error *err) noexcept nogil:
-    """ps_chunk_decode, the CRC continued from that of the entries' first
-    ``done`` bytes (checked as they arrived), the rest on two cores given a
-    worker (a rest whose CRC is worth splitting)."""
-    cdef size_t rest = c.data_len - done
+    """chunk_check if the options ask for it, then ps_chunk_decode_records."""
     cdef int rc
     if b.opt.crc:
-        if w != NULL:
-            crc = ps_crc32_combine(crc, crc32_split(w, c.data + done, rest), rest)
-        else:
-            crc = ps_crc32(crc, c.data + done, rest)
-        rc = ps_chunk_check_crc(c, crc, err)
+        rc = chunk_check(w, c, crc, done, err)
         if rc != PS_OK:
             return rc
     return ps_chunk_decode_records(c, b, err)
@@ -283,6 +326,10 @@ cdef class StreamDecoder(FrameReader):
     """
     cdef dict subs
     cdef ps_crc_ahead ahead   # zeroed by Cython: following no frame
+    # Called with each Chunk before it is decoded (its header fields and
+    # decoded_size set, its batch None); False leaves it undecoded, for
+    # Chunk.decode later. It may raise a StreamError (the chunk's).
+    cdef public object admit
 
     def __init__(self, max_frame_size=1048576):
         self.subs = {}
@@ -344,13 +391,43 @@ cdef class StreamDecoder(FrameReader):
         if builder is None:
             return PyBytes_FromStringAndSize(<const char *>frame, n)
         pos = self.r.consumed - n
+        cdef Chunk chunk = Chunk.__new__(Chunk)
         try:
             if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
                 raise_error(&err)
             crc = ps_crc_ahead_take(&self.ahead, &c, &done)
+            chunk.subscription_id = c.subscription_id
+            chunk.first_offset = c.first_offset
+            chunk.num_records = c.num_records
+            chunk.committed_chunk_id = c.committed_chunk_id if c.version == 2 else None
+            chunk.timestamp = c.timestamp
+            chunk.chunk_type = c.type
+            chunk.size = 4 + <uint64_t>n
+            # From the headers, before anything is inflated: a decoded batch
+            # holds its frame (views point into it), what the sub-batches
+            # declare and the rows' columns, and with body="binary" a copy
+            # of the bodies (at most the frame's entries, inflated).
+            chunk.decoded_size = chunk.size + ps_chunk_inflated_size(&c)
+            if builder.b.opt.body_binary:
+                chunk.decoded_size += c.data_len + ps_chunk_inflated_size(&c)
             worker = NULL
             if builder.b.opt.crc and c.data_len - done >= SPLIT_CRC_BYTES:
                 worker = crc_worker()
+            if self.admit is not None and not self.admit(chunk):
+                self.busy = True
+                rc = PS_OK
+                if builder.b.opt.crc:
+                    with nogil:
+                        rc = chunk_check(worker, &c, crc, done, &err)
+                self.busy = False
+                if rc != PS_OK:
+                    raise_error(&err)
+                chunk.block = self.block
+                chunk.frame_at = <size_t>(frame - self.block.data)
+                chunk.frame_len = n
+                chunk.frame_pos = pos
+                chunk.options = builder.options
+                return chunk
             self.busy = True
             if n >= NOGIL_FRAME:
                 with nogil:
@@ -369,15 +446,7 @@ cdef class StreamDecoder(FrameReader):
             # subscription's chunk is bad, so say whose it is.
             exc.subscription_id = frame[4]
             raise
-        cdef Chunk chunk = Chunk.__new__(Chunk)
         chunk.batch = builder.export(self.block)
-        chunk.subscription_id = c.subscription_id
-        chunk.first_offset = c.first_offset
-        chunk.num_records = c.num_records
-        chunk.committed_chunk_id = c.committed_chunk_id if c.version == 2 else None
-        chunk.timestamp = c.timestamp
-        chunk.chunk_type = c.type
-        chunk.size = 4 + <uint64_t>n
         chunk.decode_ns = ((t1.tv_sec - t0.tv_sec) * 1000000000
                            + (t1.tv_nsec - t0.tv_nsec))
         return chunk

@@ -4,8 +4,9 @@
 Sockets are read and chunks decoded by the connections' reader threads, as
 in the blocking API; the event loop only takes ready batches off the queue
 and is woken (``call_soon_threadsafe``) when one arrives, so it never waits on
-the network or on decoding. Requests to the broker (subscribe, admin calls)
-run in a worker thread.
+the network, nor on decoding unless the consumer is past its memory budget
+(then the chunk at the head decodes as it is taken). Credit and requests to
+the broker (subscribe, admin calls) are sent from other threads.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class AsyncConsumer:
         self._loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
         consumer.add_waker(self._wake)
+        consumer._send_credit_in_background()  # never a blocking send on the loop
 
     def _wake(self) -> None:
         # From a reader thread; the loop may be gone at shutdown.

@@ -99,6 +99,7 @@ class Connection(FrameRoutes):
         self._reader = StreamDecoder(self._frame_limit(frame_max))
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
+        self._admit_chunks(self._reader)
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending: dict[int, Future[P.Command]] = {}

@@ -390,6 +390,7 @@ class Consumer(Subscriptions):
                 return None
             if not self._read_while_waiting(left):
                 self._cond.wait(left)
+        self._inflate(self._queue[0])  # may end the consumer there instead
         item = self._queue[0]
         if item.sub is None:  # the end marker
             self._closed = True
@@ -463,8 +464,8 @@ class Consumer(Subscriptions):
         limited = self.max_batch_rows is not None or self.max_batch_bytes is not None
         while self._queue and rows < limit_rows:
             nxt = self._queue[0]
-            if nxt.sub is not item.sub:  # another stream, or the end
-                break
+            if nxt.sub is not item.sub or nxt.batch is None:
+                break  # another stream, the end, or not decoded yet
             take: int | None = limit_rows - rows
             if limited:
                 if (self.max_batch_bytes is not None and parts
@@ -472,7 +473,7 @@ class Consumer(Subscriptions):
                     break
             else:
                 take = None  # whole chunks only
-                if rows + nxt.batch.num_rows - nxt.handed > min(limit_rows, JOIN_ROWS):  # type: ignore[union-attr]
+                if rows + nxt.batch.num_rows - nxt.handed > min(limit_rows, JOIN_ROWS):
                     break
             more = self._hand(nxt, sends, take)
             size += nxt.chunk.size  # type: ignore[union-attr]
@@ -504,8 +505,8 @@ class Consumer(Subscriptions):
         else:
             sub.position = batch.column(0)[end - 1].as_py() + 1
             after = end / total
-        sub.stats.consumed += end - start
-        n = sub.credit.handed(chunk.size, before, after)
+        sub.count_handed(chunk, batch, start, end)
+        n = sub.credit.handed(item.cost, before, after)
         if n:
             sends.append((sub, n))
         if sub.tracker is not None and end > start:

@@ -28,19 +28,32 @@ Policies:
     of 500 000 records of 100 B).
 ``Credit.on_arrival(initial=10)``
     Grants one credit per chunk as it arrives (the Java client's default).
-    The queue is not bounded: use it only if the application is faster than
-    the stream.
+    Decoded chunks stay within ``max_buffered_bytes`` as with every policy,
+    but chunks waiting undecoded are not bounded: use it only if the
+    application is faster than the stream.
 ``Credit.on_consumed(initial=10, ratio=0.5)``
     Grants one credit once ``ratio`` of a chunk's records were handed to the
     application (the Go client's and the Java client's alternative).
 ``Credit.manual(initial=1)``
     Grants only what ``Consumer.grant_credit(n)`` asks for.
 
-Sizes are counted in wire bytes (the Deliver frame), which is what the
-decoded batch pins in memory for ``body="view"``. The adaptive policy starts
-with two chunks in flight and sizes its window once chunks arrive, so the
-bound holds for chunks much larger than the frame size limit (the broker
-sends a chunk whole; 8 MB chunks are common).
+Sizes are counted in decoded bytes, known from a chunk's headers before
+anything is inflated or allocated (``Chunk.decoded_size``: the Deliver
+frame, which views of the decoded batch point into, the uncompressed size
+each compressed sub-batch declares, and 32 bytes a record for the offset,
+timestamp and body view columns). Every policy admits a chunk before it is
+decoded (``admit``): it decodes at once if it fits the budget
+(``max_buffered_bytes``, 64 MiB by default) beside what is queued, or if
+nothing is queued; otherwise it waits undecoded, counted at its frame's
+size, and decodes when it reaches the head of the queue. So decoded
+chunks queued never pass the budget, plus the one chunk at the head
+(itself bounded by ``max_chunk_size``), whatever the compression ratio.
+A chunk the broker sends beyond the credit granted is counted against the
+budget too, and one that does not fit is a ``ProtocolError``: nothing
+arrives unaccounted. The adaptive policy starts with two chunks in flight
+and sizes its window once chunks arrive, so the bound holds for chunks
+much larger than the frame size limit (the broker sends a chunk whole;
+8 MB chunks are common).
 
 The broker takes the credit of the Subscribe command as its reference: while
 a subscription's credit is at or below half of it, further Credit commands
@@ -52,6 +65,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from .errors import ProtocolError
 
 Mode = Literal["adaptive", "on_arrival", "on_consumed", "manual"]
 
@@ -94,7 +109,7 @@ class Credit:
                  max_outstanding: int = 64, until: int | None = None) -> Credit:
         """The default: up to ``max_outstanding`` chunks in flight while the
         application keeps up, and no more credit once queued plus in-flight
-        chunks would pass ``max_buffered_bytes`` (wire bytes). With
+        chunks would pass ``max_buffered_bytes`` (decoded bytes). With
         ``until``, no more than the chunks that offset still needs, as
         their record counts so far tell (``read_range`` sets it to the
         range's end)."""
@@ -131,7 +146,9 @@ class CreditController:
         self.chunk_estimate = max(1, chunk_size_hint)
         self.sized = False      # a chunk arrived: the estimate is measured
         self.outstanding = 0    # granted, chunk not yet arrived
-        self.queued_bytes = 0   # arrived, not yet handed to the application
+        self.queued_bytes = 0   # admitted, not yet handed to the application
+        self.generation = 0     # counts emptied(): admissions before it are void
+        self.unsent = 0         # granted here, not yet claimed for a Credit command
         self.received: int | None = None  # offset after the last chunk arrived
         self.chunk_records = 1  # records of a chunk (decaying maximum)
 
@@ -146,22 +163,54 @@ class CreditController:
                 credits = self.outstanding = min(credits, SLOW_START)
         else:
             credits = self.outstanding = p.initial
+        self.unsent = 0  # the Subscribe carries these; earlier grants are void
         return credits
+
+    def claim(self, n: int) -> int:
+        """Of ``n`` credits a method returned, how many to send now: none
+        granted before the last ``start`` (a send that lost a race with a
+        resubscription would give the new subscription more than counted)."""
+        n = min(n, self.unsent)
+        self.unsent -= n
+        return n
+
+    def admit(self, size: int, decoded_size: int) -> bool:
+        """A chunk of ``size`` wire bytes arrived, to hold ``decoded_size``
+        bytes decoded: whether to decode it now (it fits the budget beside
+        what is queued, or nothing is queued), else it is counted at
+        ``size`` until ``inflated``. Raises ``ProtocolError`` for a chunk
+        beyond the credit granted that does not fit."""
+        beyond = self.outstanding == 0
+        self.outstanding = max(0, self.outstanding - 1)
+        # Decaying maximum: follows smaller chunks slowly, larger ones at once.
+        est = self.chunk_estimate
+        self.chunk_estimate = max(decoded_size, est - (est - decoded_size) // 16)
+        self.sized = True
+        budget = self.policy.max_buffered_bytes
+        fits = (self.queued_bytes == 0
+                or self.queued_bytes + decoded_size <= budget)
+        if beyond and not fits:
+            raise ProtocolError(
+                f"the broker sent a chunk without credit, and its "
+                f"{decoded_size} bytes decoded pass the consumer's "
+                f"max_buffered_bytes ({budget}) with {self.queued_bytes} queued")
+        self.queued_bytes += decoded_size if fits else size
+        return fits
 
     def arrived(self, size: int, next_offset: int | None = None,
                 records: int = 1) -> int:
-        """A chunk of ``size`` wire bytes and ``records`` records, ending
-        before ``next_offset``, arrived and was queued."""
-        self.outstanding = max(0, self.outstanding - 1)
-        self.queued_bytes += size
+        """``admit`` and ``queued`` at once, for a chunk that decodes to
+        ``size`` bytes."""
+        self.admit(size, size)
+        return self.queued(next_offset, records)
+
+    def queued(self, next_offset: int | None = None, records: int = 1) -> int:
+        """An admitted chunk of ``records`` records, ending before
+        ``next_offset``, was queued."""
         if next_offset is not None:
             self.received = max(self.received or 0, next_offset)
         n = self.chunk_records
         self.chunk_records = max(1, records, n - (n - records) // 16)
-        # Decaying maximum: follows smaller chunks slowly, larger ones at once.
-        est = self.chunk_estimate
-        self.chunk_estimate = max(size, est - (est - size) // 16)
-        self.sized = True
         mode = self.policy.mode
         if mode == "on_arrival":
             return self._grant(1)
@@ -169,17 +218,30 @@ class CreditController:
             return self._adaptive_grant(threshold=True)
         return 0
 
+    def dropped(self, cost: int, generation: int) -> None:
+        """A chunk admitted at ``generation`` and counted at ``cost`` was
+        dropped before it was queued."""
+        if generation == self.generation:
+            self.queued_bytes = max(0, self.queued_bytes - cost)
+
+    def inflated(self, size: int, decoded_size: int) -> None:
+        """A chunk counted at its wire ``size`` was decoded at the head of
+        the queue."""
+        self.queued_bytes += decoded_size - size
+
     def emptied(self) -> None:
         """Everything queued was dropped without reaching the application,
         to be read again from an earlier offset."""
         self.queued_bytes = 0
+        self.generation += 1
         self.received = None
 
     def handed(self, size: int, fraction_before: float,
                fraction_after: float) -> int:
         """Records of a queued chunk went to the application: the share of
         the chunk handed so far moved from ``fraction_before`` to
-        ``fraction_after``; ``size`` is released when it reaches 1."""
+        ``fraction_after``; ``size`` (what it was counted at) is released
+        when it reaches 1."""
         if fraction_after >= 1.0:
             self.queued_bytes = max(0, self.queued_bytes - size)
         mode = self.policy.mode
@@ -214,4 +276,5 @@ class CreditController:
     def _grant(self, n: int) -> int:
         n = min(n, MAX_CREDIT)
         self.outstanding += n
+        self.unsent += n
         return n

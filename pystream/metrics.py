@@ -54,9 +54,9 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "pystream.consumer.chunks_in_flight": (
         "gauge", "{chunk}", "Chunks granted by credit and not yet received"),
     "pystream.consumer.bytes_in_flight": (
-        "gauge", "By", "Chunks in flight times the measured chunk size"),
+        "gauge", "By", "Chunks in flight times the measured decoded chunk size"),
     "pystream.consumer.buffered_bytes": (
-        "gauge", "By", "Bytes of chunks received and not yet handed"),
+        "gauge", "By", "Decoded bytes of chunks received and not yet handed"),
     "pystream.consumer.max_buffered_bytes": (
         "gauge", "By", "The adaptive credit policy's max_buffered_bytes"),
     "pystream.consumer.credit_granted": (
@@ -297,7 +297,7 @@ def _meter(provider: Any) -> Any:
 # --- hooks (one call per chunk, batch or recovery) -------------------------------
 
 # chunk_size values a consumer holds for the next collection to record. Past
-# this many (collections far apart, chunks coming fast) its reader records
+# this many (collections far apart, chunks coming fast) the consumer records
 # the oldest CHUNK_SIZE_BURST itself, which bounds what it holds (some 150 kB).
 CHUNK_SIZE_HELD = 4096
 CHUNK_SIZE_BURST = 64
@@ -305,19 +305,20 @@ CHUNK_SIZE_BURST = 64
 
 def chunk_received(stats: ConsumerStats, entries: int, size: int,
                    decode_ns: int) -> None:
-    """Once per chunk (the reading thread, before the chunk is queued).
+    """Once per chunk, when the application was handed its last record
+    (the consumer counts each chunk once, see ``Subscription.count_handed``).
 
     The SDK takes some 4 µs to record a histogram value, and 2.5 µs more
     for two attributes, which it checks, copies and hashes each time (the
     API has no call for several values or for a value seen n times): 1.5
     to 2.5 % of the CPU a chunk of 8 000 small records costs to read. So
     chunk_size has no attributes, as in the .NET client (``chunks`` and
-    ``read_bytes`` carry the stream), and the reader only holds the
+    ``read_bytes`` carry the stream), and the consumer only holds the
     chunk_size value, and every collection records what is held, in the
     collecting thread, before it reads anything: each collection exports
     exactly what one call per chunk would have (counts, sums, buckets, min
-    and max; no exemplars, as the reader thread has no span). Only when
-    ``CHUNK_SIZE_HELD`` are held does the reader record some itself. The
+    and max; no exemplars, as the consumer's thread has no span). Only when
+    ``CHUNK_SIZE_HELD`` are held does the consumer record some itself. The
     decode time is a counter for the same reason. Even so the SDK's work
     for the values costs more than 2 % of throughput: chunk_size is held
     only once ``record_chunk_sizes`` asks for it."""
@@ -333,7 +334,7 @@ def chunk_received(stats: ConsumerStats, entries: int, size: int,
 
 def _record_chunk_sizes(stats: ConsumerStats, most: int = -1) -> None:
     """Record the values ``stats`` holds, oldest first (``most`` of them, or
-    all); threads may race here (the reader and a collection): each value
+    all); threads may race here (the consumer and a collection): each value
     is taken, hence recorded, once."""
     inst = _instruments
     held = stats.chunk_sizes

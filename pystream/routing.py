@@ -24,6 +24,8 @@ class SubscriptionSink(Protocol):
 
     stream: str
 
+    def admit(self, chunk: Chunk) -> bool: ...
+
     def on_chunks(self, chunks: list[Chunk]) -> None: ...
 
     def on_chunk_error(self, error: StreamError) -> None: ...
@@ -66,6 +68,19 @@ class FrameRoutes:
         self._sinks: dict[int, SubscriptionSink] = {}
         self._publishers: dict[int, PublisherSink] = {}
         self._handlers: dict[int, FrameHandler] = {}
+
+    def _admit_chunks(self, reader: StreamDecoder) -> None:
+        """Have ``reader`` ask the chunk's subscription before it decodes
+        a chunk (``StreamDecoder.admit``). Through the table, not a method:
+        the reader must not hold its connection, which would then live on
+        in a reference cycle after its last use, with its receive blocks."""
+        sinks = self._sinks
+
+        def admit(chunk: Chunk) -> bool:
+            sink = sinks.get(chunk.subscription_id)
+            return sink is not None and sink.admit(chunk)
+
+        reader.admit = admit
 
     def on_frame(self, key: int, handler: FrameHandler) -> None:
         """Route every frame with this key to ``handler`` (in the reader

@@ -12,11 +12,14 @@ store. The reading API on top of the queue is ``consumer.Consumer``.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from . import metrics
 from . import protocol as P
@@ -37,6 +40,8 @@ from .offsets import OffsetTracker
 from .records import Filter
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from .admin import Admin
     from .connection import Connection
 
@@ -60,6 +65,16 @@ class Queued:
         self.filtered = False    # post filter applied
         self.error = error
 
+    @property
+    def cost(self) -> int:
+        assert self.chunk is not None
+        return cost(self.chunk)
+
+
+def cost(chunk: Chunk) -> int:
+    """What the credit counts an admitted chunk at: its decoded size once
+    decoded, its frame's until then (see ``CreditController.admit``)."""
+    return chunk.size if chunk.batch is None else chunk.decoded_size
 
 
 class Subscription:
@@ -90,6 +105,9 @@ class Subscription:
         self.broken_at: float | None = None  # when it failed, and why
         self.cause = ""
         self.rewinds = 0                    # taken back by Subscriptions._rewind
+        # The offset after the last record the metrics counted as handed:
+        # a rewind hands records again, which are not counted twice.
+        self.counted_to: int | None = None
         self.stats = metrics.consumer_stats(consumer.client.address, stream,
                                             consumer.name)
         metrics.watch_subscription(self)
@@ -143,7 +161,28 @@ class Subscription:
     def stored_offset(self) -> int | None:
         return self.stored
 
+    def count_handed(self, chunk: Chunk, batch: pa.RecordBatch, start: int,
+                     end: int) -> None:
+        """Count rows ``start:end`` of ``batch`` (of ``chunk``) in the
+        metrics, and the chunk once its last row went: only what the
+        application was not handed before a rewind. Call it after the
+        position moved past them."""
+        counted = self.counted_to
+        rows = end - start
+        if counted is not None and rows and batch.column(0)[start].as_py() < counted:
+            offsets = batch.column(0).slice(start, rows).to_numpy()
+            rows -= int(np.searchsorted(offsets, counted))
+        self.stats.consumed += rows
+        if end >= batch.num_rows and (counted is None or chunk.next_offset > counted):
+            metrics.chunk_received(self.stats, chunk.num_records, chunk.size,
+                                   chunk.decode_ns)
+        if self.position is not None:
+            self.counted_to = max(counted or 0, self.position)
+
     # --- SubscriptionSink (reader thread) -----------------------------------
+
+    def admit(self, chunk: Chunk) -> bool:
+        return self.consumer._admit(self, chunk)
 
     def on_chunks(self, chunks: list[Chunk]) -> None:
         self.consumer._chunks_arrived(self, chunks)
@@ -213,6 +252,8 @@ class Subscriptions:
         self._ended = False     # no more chunks will come (see _end)
         self._wakers: list[Callable[[], None]] = []
         self._maintenance = threading.Event()
+        # Credits to send from a thread of their own (the asyncio face)
+        self._credit_writes: queue.SimpleQueue[tuple[Subscription, int] | None] | None = None
 
     def _start_subscriptions(self, streams: list[str]) -> None:
         for s in streams:
@@ -227,27 +268,56 @@ class Subscriptions:
 
     # --- the reader threads' side -------------------------------------------
 
+    def _admit(self, sub: Subscription, chunk: Chunk) -> bool:
+        """Before ``chunk`` is decoded (the reader's thread): whether to
+        decode it now, counted against the credit's budget (see
+        ``CreditController.admit``). One that will be dropped is not
+        decoded."""
+        with self._cond:
+            if not sub.live or not sub.active or self._ended:
+                return False
+            fits = sub.credit.admit(chunk.size, chunk.decoded_size)
+            chunk.ticket = sub.credit.generation
+            return fits
+
     def _chunks_arrived(self, sub: Subscription, chunks: list[Chunk]) -> None:
         """Queue what one read brought: one lock and one wake-up for all."""
-        # Counted before the application can take them (it need not wait
-        # for the notify to find the queue): its metrics then include them.
-        for chunk in chunks:
-            metrics.chunk_received(sub.stats, chunk.num_records, chunk.size,
-                                   chunk.decode_ns)
         n = 0
         with self._cond:
-            if not sub.live or not sub.active:
-                return
+            live = sub.live and sub.active
             for chunk in chunks:
+                if chunk.ticket is None:
+                    continue  # not admitted: dropped
+                if not live or chunk.ticket != sub.credit.generation:
+                    # Admitted, then the subscription broke or was rewound.
+                    sub.credit.dropped(cost(chunk), chunk.ticket)
+                    continue
                 sub.received = max(sub.received or 0, chunk.next_offset)
                 if chunk.committed_chunk_id is not None:
                     sub.committed_chunk_id = chunk.committed_chunk_id
-                n += sub.credit.arrived(chunk.size, chunk.next_offset, chunk.num_records)
+                n += sub.credit.queued(chunk.next_offset, chunk.num_records)
                 self._queue.append(Queued(sub, chunk))
-            sub.last_arrival = time.monotonic()
-            self._notify()
+            if live:
+                sub.last_arrival = time.monotonic()
+                self._notify()
         if n:
             self._send_credit(sub, n)
+
+    def _inflate(self, item: Queued) -> None:
+        """Under the lock: decode the queue's head if its admission left it
+        undecoded (it did not fit the budget beside the chunks before it).
+        One that fails ends the consumer there, as on arrival."""
+        chunk, sub = item.chunk, item.sub
+        if chunk is None or sub is None or chunk.batch is not None:
+            return
+        try:
+            chunk.decode()
+        except StreamError as exc:
+            self._stop(exc, after_queue=False)
+            self._maintenance.set()
+            return
+        sub.credit.inflated(chunk.size, chunk.decoded_size)
+        item.batch = chunk.batch
 
     def _notify(self) -> None:
         self._cond.notify_all()
@@ -264,14 +334,40 @@ class Subscriptions:
                 conn.interrupt_read()
 
     def _send_credit(self, sub: Subscription, n: int) -> None:
-        conn = sub.connection
-        if conn is None or not sub.live:
+        """Send ``n`` credits the controller granted (outside the lock), or
+        hand them to the credit thread (``_send_credit_in_background``)."""
+        writes = self._credit_writes
+        if writes is not None:
+            writes.put((sub, n))
+        else:
+            self._write_credit(sub, n)
+
+    def _write_credit(self, sub: Subscription, n: int) -> None:
+        with self._cond:
+            n = sub.credit.claim(n)
+            conn = sub.connection if sub.live else None
+            subscription_id = sub.subscription_id
+        if not n or conn is None:
             return
         try:
-            conn.send(P.Credit(sub.subscription_id, n))
+            conn.send(P.Credit(subscription_id, n))
         except StreamError:
             return  # the connection is gone; recovery grants afresh
         sub.stats.credit_granted += n
+
+    def _send_credit_in_background(self) -> None:
+        """From now on send credit from a thread of this consumer's, never
+        the caller's: the asyncio face takes batches on its event loop,
+        which a full socket buffer must not block. The thread ends with the
+        consumer (``_maintain``)."""
+        writes: queue.SimpleQueue[tuple[Subscription, int] | None] = queue.SimpleQueue()
+
+        def write() -> None:
+            while (item := writes.get()) is not None:
+                self._write_credit(*item)
+
+        self._credit_writes = writes
+        threading.Thread(target=write, daemon=True, name="pystream-credit").start()
 
     def _end(self, error: BaseException | None, *, after_queue: bool) -> None:
         """End the consumer: ``error`` is raised to the application once the
@@ -280,15 +376,19 @@ class Subscriptions:
         with self._cond:
             if self._closed or self._ended:
                 return
-            self._ended = True
-            for sub in self._subs.values():
-                sub.live = False
-            if not after_queue:
-                self._queue.clear()
-            self._queue.append(Queued(None, None, error))
-            self._notify()
-            self._interrupt_reads()
+            self._stop(error, after_queue=after_queue)
         self._maintenance.set()
+
+    def _stop(self, error: BaseException | None, *, after_queue: bool) -> None:
+        """Under the lock: what ``_end`` does, also once it was done."""
+        self._ended = True
+        for sub in self._subs.values():
+            sub.live = False
+        if not after_queue:
+            self._queue.clear()
+        self._queue.append(Queued(None, None, error))
+        self._notify()
+        self._interrupt_reads()
 
     def _broken(self, sub: Subscription, cause: str) -> None:
         with self._cond:
@@ -482,6 +582,8 @@ class Subscriptions:
             if self._closed or self._ended:
                 for sub in list(self._subs.values()):
                     self._unsubscribe(sub)
+                if self._credit_writes is not None:
+                    self._credit_writes.put(None)
                 return
             with self._cond:
                 broken = list(self._broken_subs)

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from pystream.credit import Credit, CreditController, subscribe_credit
+from pystream.errors import ProtocolError
 
 
 def test_adaptive_never_lets_queue_and_flight_pass_the_budget():
@@ -154,3 +155,47 @@ def test_adaptive_until_grants_only_the_chunks_left():
     assert c.outstanding + c.handed(100_000, 0.0, 1.0) == 9
     c.arrived(100_000, next_offset=1000, records=100)
     assert c.handed(100_000, 0.0, 1.0) == 0  # the end arrived: nothing more
+
+
+def test_chunks_decode_only_within_the_budget():
+    """Sizes are decoded bytes, admitted before decoding: a chunk that does
+    not fit beside those queued waits counted at its wire size, and is
+    counted decoded once decoded at the head; with nothing queued any
+    chunk decodes (the one beyond the budget)."""
+    c = CreditController(Credit.adaptive(max_buffered_bytes=10 << 20), 1 << 20)
+    assert c.start() == 2
+    assert c.admit(1000, 8 << 20)            # nothing queued: decodes
+    assert not c.admit(1000, 8 << 20)        # 16 MiB would pass 10: waits
+    assert c.queued_bytes == (8 << 20) + 1000
+    c.handed(8 << 20, 0.0, 1.0)              # the first goes to the application
+    c.inflated(1000, 8 << 20)                # the second decodes at the head
+    assert c.queued_bytes == 8 << 20
+    c.handed(8 << 20, 0.0, 1.0)
+    assert c.queued_bytes == 0
+    assert c.chunk_estimate == 8 << 20       # credit sized on decoded chunks
+
+
+def test_a_chunk_beyond_credit_counts_and_must_fit():
+    c = CreditController(Credit.manual(1), 1 << 20)
+    assert c.start() == 1
+    assert c.admit(100, 6 << 20)             # granted
+    assert c.admit(100, 1 << 20)             # beyond credit, fits: counted
+    assert c.queued_bytes == 7 << 20
+    with pytest.raises(ProtocolError):
+        c.admit(100, 64 << 20)               # beyond credit, does not fit
+
+
+def test_dropped_admissions_and_stale_grants_are_forgotten():
+    c = CreditController(Credit.manual(4), 1 << 20)
+    c.start()
+    assert c.admit(100, 1000) and c.admit(100, 1000)
+    generation = c.generation
+    c.dropped(1000, generation)              # dropped before it was queued
+    assert c.queued_bytes == 1000
+    c.emptied()                              # a rewind forgets everything
+    c.dropped(1000, generation)              # and what was admitted before it
+    assert c.queued_bytes == 0
+    assert c.manual(3) == 3
+    c.start()                                # resubscribed before it was sent
+    assert c.claim(3) == 0
+    assert c.claim(c.manual(2)) == 2

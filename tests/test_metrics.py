@@ -228,6 +228,53 @@ def test_filtered_records_are_counted(reader, chunk_sizes, modern, modern_stream
     assert filtered == chunk_entries - 1000
 
 
+@pytest.mark.broker
+def test_records_and_chunks_read_again_after_a_rewind_count_once(
+        reader, modern, modern_stream):
+    """An exception amid a read (the post filter's, on the second chunk)
+    takes back what the read took and drops the chunks queued; the next
+    read gets every record from the first again. The counters say what the
+    application got: each record and chunk once, as a read without the
+    fault counts them."""
+    s = modern_stream
+    per_chunk, chunks = 2000, 5
+    n = per_chunk * chunks
+    with modern.producer(s) as producer:
+        for c in range(chunks):
+            producer.send_batch([b"r%d" % (c * per_chunk + j)
+                                 for j in range(per_chunk)]).result(30)
+    calls = 0
+
+    def failing_once(batch):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("the application's filter failed")
+        return batch
+
+    flaky = pystream.Filter(["none"], match_unfiltered=True, post_filter=failing_once)
+    with modern.consumer(s, offset="first", name="rewound", auto_store=False,
+                         filter=flaky) as consumer:
+        time.sleep(1)  # every chunk queued, to be dropped
+        with pytest.raises(RuntimeError):
+            consumer.read(n, timeout=10)
+        table = consumer.read(n, timeout=10)
+    assert table.column("offset").to_pylist() == list(range(n))
+    with modern.consumer(s, offset="first", name="clean",
+                         auto_store=False) as consumer:
+        assert consumer.read(n, timeout=10).num_rows == n
+    data = collect(reader)
+    counted = {name: {metric: value(data, metric, messaging__destination__name=s,
+                                    messaging__consumer__group__name=name)
+                      for metric in ("rabbitmq.stream.consumed",
+                                     "rabbitmq.stream.chunks",
+                                     "rabbitmq.stream.read_bytes")}
+               for name in ("rewound", "clean")}
+    assert counted["clean"]["rabbitmq.stream.consumed"] == n
+    assert counted["clean"]["rabbitmq.stream.chunks"] >= chunks
+    assert counted["rewound"] == counted["clean"]
+
+
 def pystream_batch(colour: str, n: int):
     import pyarrow as pa
     return pa.RecordBatch.from_pydict({
