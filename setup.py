@@ -11,6 +11,10 @@ PYSTREAM_LIMITED_API=1 builds it against CPython's stable ABI (3.11+): one
 limited-API code costs about 25 us more per decode call (one per chunk), so
 the version-specific build stays the default and ``make wheel``
 (scripts/build-wheel) makes both.
+
+PYSTREAM_DEV=1 (``make build``) makes a warning in csrc/ an error. Only
+there: the C that Cython generates (pystream/_core.c) has warnings of its
+own, and a released build must not fail on a newer compiler's new warning.
 """
 
 import glob
@@ -19,17 +23,20 @@ import re
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # The version lives in pystream/__init__.py; read it without importing.
 VERSION = re.search(r'^__version__ = "([^"]+)"',
                     open("pystream/__init__.py").read(), re.M).group(1)
 
 LIMITED_API = os.environ.get("PYSTREAM_LIMITED_API") == "1"
+DEV = os.environ.get("PYSTREAM_DEV") == "1"
+CSRC = "csrc"
 
 core = Extension(
     "pystream._core",
-    sources=["pystream/_core.pyx", *sorted(glob.glob("csrc/*.c"))],
-    include_dirs=["csrc"],
+    sources=["pystream/_core.pyx", *sorted(glob.glob(f"{CSRC}/*.c"))],
+    include_dirs=[CSRC],
     libraries=["isal", "z", "lz4", "zstd", "snappy"],
     # LTO lets the per-record calls between csrc/ files inline
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra",
@@ -38,6 +45,30 @@ core = Extension(
     define_macros=[("Py_LIMITED_API", "0x030B0000")] if LIMITED_API else [],
     py_limited_api=LIMITED_API,
 )
+
+
+class BuildExt(build_ext):
+    """build_ext that, in development builds, compiles csrc/ with -Werror
+    and the generated pystream/_core.c without it."""
+
+    def build_extensions(self) -> None:
+        if DEV:
+            compile_one = self.compiler._compile
+            flags = ["-Werror", "-Wunused-parameter"]
+            if "clang" not in os.path.basename(self.compiler.compiler_so[0]):
+                # gcc's fat LTO objects: the optimiser's warnings (such as
+                # -Wmaybe-uninitialized) come at compile time, not
+                # unchecked at the link
+                flags.append("-ffat-lto-objects")
+
+            def strict(obj, src, ext, cc_args, extra_postargs, pp_opts):
+                if os.path.dirname(os.path.relpath(src)) == CSRC:
+                    extra_postargs = [*extra_postargs, *flags]
+                compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+            self.compiler._compile = strict
+        super().build_extensions()
+
 
 setup(
     name="pystream-rabbitmq",
@@ -84,6 +115,7 @@ setup(
         "lint": ["mypy==2.4.1", "ruff==0.17.6", "pyarrow-stubs==20.0.0.20260819"],
     },
     entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
     # the stable-ABI wheel's tag: cp311-abi3
     options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED_API else {},
