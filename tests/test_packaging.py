@@ -501,3 +501,32 @@ def test_declared_minimum_versions(dist, tmp_path):
                "--import-mode=append", "-m", "not broker and not slow", *ignore,
                "tests", cwd=ROOT, env=env, timeout=900)
     assert re.search(r"\d+ passed", out) and "failed" not in out, out
+
+
+
+# --- make build: a warning in csrc/ is an error there, and only there -----------
+
+@pytest.mark.slow
+def test_development_build_fails_on_a_csrc_warning(tmp_path):
+    """``make build`` (PYSTREAM_DEV=1) stops at a warning in csrc/; a
+    release build (no PYSTREAM_DEV: make wheel, pip) takes the same
+    warning. (The C that Cython generates has warnings of its own, which
+    make build passes: it builds this checkout.)"""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    skip = shutil.ignore_patterns("*.so", "__pycache__", "_core.c")
+    shutil.copytree(ROOT / "csrc", src / "csrc", ignore=skip)
+    shutil.copytree(ROOT / "pystream", src / "pystream", ignore=skip)
+    with open(src / "csrc" / "buf.c", "a") as f:
+        f.write("\nstatic int never_called(void) { return 0; }\n")
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]
+    env = _clean_env()
+    failed = subprocess.run(build, cwd=src, env={**env, "PYSTREAM_DEV": "1"},
+                            capture_output=True, text=True, timeout=900)
+    assert failed.returncode != 0
+    assert re.search(r"buf\.c:\d+:\d+: error: .*never_called.*-Werror=unused-function",
+                     failed.stderr), failed.stderr[-3000:]
+    _run(*build, cwd=src, env=env, timeout=900)
+    assert list((src / "pystream").glob("_core*.so"))
