@@ -11,10 +11,11 @@ SOAK_SECONDS ?= 600
 deps:
 	scripts/install-deps
 
-# The extension in place, and the delay relay tests/test_relay.py and the
+# The extension in place (PYSTREAM_DEV=1: a warning in csrc/ is an error,
+# see setup.py), and the delay relay tests/test_relay.py and the
 # distance benchmark put between client and broker (bench/relay).
 build: deps
-	$(PY) setup.py -q build_ext --inplace
+	PYSTREAM_DEV=1 $(PY) setup.py -q build_ext --inplace
 	$(MAKE) -s -C bench/relay
 
 brokers:
@@ -47,10 +48,15 @@ sdist: deps
 	$(PY) -m build --sdist --no-isolation --outdir dist .
 
 # ruff over all the Python code, mypy --strict over the package (settings
-# and each exception in pyproject.toml); make test runs it first.
+# and each exception in pyproject.toml), cppcheck over the C core (its
+# suppressions, each with its reason, in csrc/cppcheck.supp); make test
+# runs it first.
 lint: deps
 	$(PY) -m ruff check pystream tests bench docs scripts/*.py fuzz/*.py
 	$(PY) -m mypy
+	cppcheck --enable=warning,style,performance,portability --std=c11 -q \
+		--error-exitcode=1 --inline-suppr --suppressions-list=csrc/cppcheck.supp \
+		-I csrc csrc
 
 # The quick tests that need no broker (slow ones build wheels and venvs).
 unit: build

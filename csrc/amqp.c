@@ -602,21 +602,21 @@ static int render_described(const ps_value *v, out *o, int depth)
 
 static int render_compound(const ps_value *v, out *o, int depth)
 {
-    int is_map = v->code == 0xc1 || v->code == 0xd1;
+    int map = v->code == 0xc1 || v->code == 0xd1;
     const uint8_t *it = NULL;
     uint32_t i = 0;
     ps_value item;
     int rc;
-    if (depth >= MAX_DEPTH || (is_map && v->count % 2))
+    if (depth >= MAX_DEPTH || (map && v->count % 2))
         return PS_RENDER_MALFORMED;
-    if ((rc = put(o, is_map ? "{" : "[", 1)))
+    if ((rc = put(o, map ? "{" : "[", 1)))
         return rc;
     while (i < v->count) {
-        if (i && (rc = put(o, is_map && i % 2 ? ": " : ", ", 2)))
+        if (i && (rc = put(o, map && i % 2 ? ": " : ", ", 2)))
             return rc;
         if (ps_amqp_next_item(v, &it, &i, &item))
             return PS_RENDER_MALFORMED;
-        if (is_map && i % 2) {      /* a key: always a JSON string */
+        if (map && i % 2) {         /* a key: always a JSON string */
             int text = !item.desc && (item.code >> 4 == 0xa || item.code >> 4 == 0xb);
             if (text && item.code != 0xa0 && item.code != 0xb0)
                 rc = render(&item, o, 1, depth + 1);
@@ -628,7 +628,7 @@ static int render_compound(const ps_value *v, out *o, int depth)
         if (rc)
             return rc;
     }
-    return put(o, is_map ? "}" : "]", 1);
+    return put(o, map ? "}" : "]", 1);
 }
 
 static int render(const ps_value *v, out *o, int json, int depth)

@@ -188,8 +188,9 @@ static int map_items(const ps_map *m, size_t i, int symbol_keys, size_t *items,
 static uint8_t *put_map(uint8_t *w, const ps_map *m, size_t i, size_t items,
                         uint32_t count, uint8_t key_code)
 {
-    const uint8_t *p;
-    size_t n;
+    /* map_items found every key set; the compiler cannot see that */
+    const uint8_t *p = NULL;
+    size_t n = 0;
     int32_t a = m->offsets[m->offset + i], b = m->offsets[m->offset + i + 1];
     w = put_compound(w, MAP8, items, count);
     for (int32_t j = a; j < b; j++) {

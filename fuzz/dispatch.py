@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris harness of the Python side of frame handling: whatever bytes a
 peer sends, the connection's frame dispatch (the C frame reader, then
 ``protocol.decode`` and the handlers) raises a ``StreamError`` or nothing,
@@ -10,7 +11,9 @@ the next response, its correlation id set to the request's so that the
 fuzzer reaches every step. The handshake must open or raise a
 ``StreamError``, and what it negotiated must hold together.
 
-    .venv/bin/python fuzz/dispatch.py -max_total_time=60 CORPUS_DIR
+    PATH=.venv/bin:$PATH fuzz/dispatch.py -max_total_time=60 CORPUS_DIR
+
+(run as a program: libFuzzer's -merge=1 starts it again by its path)
 """
 
 from __future__ import annotations

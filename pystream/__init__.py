@@ -6,6 +6,7 @@ in docs/ (README.md links its pages).
 
 from . import metrics
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
+from ._version import __version__
 from .client import Client, StreamInfo, connect
 from .consumer import Consumer
 from .credit import Credit
@@ -50,8 +51,6 @@ from .records import Filter, Message
 from .super_stream import SuperStreamProducer
 from .tls import tls_context
 from .uri import BrokerAddress, parse_uri
-
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__", "connect", "metrics", "Client", "Endpoint", "StreamInfo",

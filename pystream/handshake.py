@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from . import protocol as P
+from ._version import __version__
 from .errors import ConnectionLost, RequestTimeout, SaslMechanismNotSupported
 from .features import Features
 from .uri import BrokerAddress
@@ -71,7 +72,6 @@ def handshake(conn: Requester, address: BrokerAddress, tune: Future[P.Tune], *,
     """Open the connection; ``tune`` is the broker's Tune (the connection's
     reader resolves it), ``on_tuned(frame_max)`` runs before the answer to
     it goes out."""
-    from . import __version__
     props = {"product": "pystream", "version": __version__,
              "platform": f"Python {platform.python_version()}",
              "information": "pystream: RabbitMQ streams to Arrow"}

@@ -1,9 +1,10 @@
 """Packaging: the conda recipe (conda/meta.yaml) renders and agrees with
-setup.py; `make wheel` (scripts/build-wheel) makes an sdist and a manylinux
-wheel bundling the native libraries, which installs and works in a fresh venv
-here, in another Debian root with another Python and none of the libraries'
-development packages, and with exactly the declared minimum numpy and pyarrow;
-the sdist builds against this machine's libraries."""
+pyproject.toml and setup.py; the version has one definition; `make wheel`
+(scripts/build-wheel) makes an sdist and a manylinux wheel bundling the
+native libraries, which installs and works in a fresh venv here, in another
+Debian root with another Python and none of the libraries' development
+packages, and with exactly the declared minimum numpy and pyarrow; the sdist
+builds against this machine's libraries."""
 
 from __future__ import annotations
 
@@ -41,11 +42,16 @@ CONDA_LIBRARIES = {"isal": "isa-l", "z": "zlib", "lz4": "lz4-c",
                    "zstd": "zstd", "snappy": "snappy"}
 
 
-# --- setup.py, read without running it -----------------------------------------
+# --- pyproject.toml's [project], and setup.py read without running it ----------
+
+def _project() -> dict:
+    """pyproject.toml's ``[project]`` table: the distribution's metadata."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
 
 def _setup_calls() -> dict[str, dict]:
     """The literal keyword arguments of setup.py's ``setup(...)`` and
-    ``Extension(...)`` calls (those that are literals)."""
+    ``Extension(...)`` calls (those that are literals: the libraries)."""
     calls: dict[str, dict] = {}
     for node in ast.walk(ast.parse((ROOT / "setup.py").read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
@@ -74,6 +80,14 @@ def _select(text: str, namespace: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _load_file_regex(load_file: str, regex_pattern: str,
+                     from_recipe_dir: bool = False) -> re.Match[str] | None:
+    """conda-build's: the pattern searched in a file of the source (here,
+    this checkout) or of the recipe's folder."""
+    base = RECIPE.parent if from_recipe_dir else ROOT
+    return re.search(regex_pattern, (base / load_file).read_text())
+
+
 def render_recipe(py: int = 311, platform: str = "linux-64") -> dict:
     """conda/meta.yaml rendered with jinja2 (conda-build's functions
     stubbed) and its selectors applied, parsed as YAML."""
@@ -85,6 +99,7 @@ def render_recipe(py: int = 311, platform: str = "linux-64") -> dict:
         "pin_subpackage": lambda name, *a, **kw: name,
         "load_setup_py_data": lambda *a, **kw: {},
         "load_file_data": lambda *a, **kw: {},
+        "load_file_regex": _load_file_regex,
         "environ": dict(os.environ),
         "os": os,
         "PYTHON": "python",
@@ -119,12 +134,30 @@ def recipe() -> dict:
 
 
 @pytest.fixture(scope="module")
-def setup_kwargs() -> dict:
-    return _setup_calls()["setup"]
+def project() -> dict:
+    return _project()
 
 
-def test_recipe_renders_with_the_package_version(recipe, setup_kwargs):
-    assert recipe["package"]["name"] == setup_kwargs["name"] == DIST_NAME
+def test_version_has_one_definition():
+    """pystream/_version.py holds the version; pyproject.toml reads it
+    from there, and no other file of the package sets one."""
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in build["project"]
+    assert "version" in build["project"]["dynamic"]
+    assert build["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "pystream._version.__version__"}
+    defined = [p.relative_to(ROOT).as_posix()
+               for p in [ROOT / "setup.py", *(ROOT / "pystream").rglob("*.py")]
+               if re.search(r"^\s*__version__\s*=", p.read_text(), re.M)]
+    assert defined == ["pystream/_version.py"], defined
+    assert "version=" not in (ROOT / "setup.py").read_text()
+    from pystream import _version, handshake
+    assert pystream.__version__ is _version.__version__
+    assert handshake.__version__ is _version.__version__
+
+
+def test_recipe_renders_with_the_package_version(recipe, project):
+    assert recipe["package"]["name"] == project["name"] == DIST_NAME
     assert str(recipe["package"]["version"]) == pystream.__version__
     assert recipe["source"] == {"path": ".."}
     build = recipe["build"]
@@ -134,10 +167,10 @@ def test_recipe_renders_with_the_package_version(recipe, setup_kwargs):
     assert not build.get("skip", False)
     assert render_recipe(py=310)["build"]["skip"] is True
     assert render_recipe(platform="osx-arm64")["build"]["skip"] is True
-    assert recipe["about"]["license"] == setup_kwargs["license"]
+    assert recipe["about"]["license"] == project["license"]
 
 
-def test_recipe_requirements_match_setup_py(recipe, setup_kwargs):
+def test_recipe_requirements_match_pyproject(recipe, project):
     reqs = recipe["requirements"]
     libraries = _setup_calls()["Extension"]["libraries"]
     # every library the extension links has its conda package ...
@@ -156,20 +189,20 @@ def test_recipe_requirements_match_setup_py(recipe, setup_kwargs):
         assert name in host, f"{name} (pyproject build-system) not in host"
     assert host["cython"] == SpecifierSet(">=3.1")
     assert "c_compiler_stub" in reqs["build"]
-    # run: python_requires and install_requires, exactly
-    assert run.pop("python") == SpecifierSet(setup_kwargs["python_requires"])
+    # run: requires-python and the dependencies, exactly
+    assert run.pop("python") == SpecifierSet(project["requires-python"])
     python_run = {n: s for n, s in run.items() if n not in native}
-    assert python_run == dict(_pip_spec(s) for s in setup_kwargs["install_requires"])
+    assert python_run == dict(_pip_spec(s) for s in project["dependencies"])
     # the spark extra's pyspark, as a constraint
-    spark = dict(_pip_spec(s) for s in setup_kwargs["extras_require"]["spark"])
+    spark = dict(_pip_spec(s) for s in project["optional-dependencies"]["spark"])
     constrained = dict(_conda_spec(s) for s in reqs.get("run_constrained", []))
     assert constrained["pyspark"] == spark["pyspark"]
 
 
-def test_recipe_entry_point_and_tests(recipe, setup_kwargs):
+def test_recipe_entry_point_and_tests(recipe, project):
     def norm(entries):
         return sorted(re.sub(r"\s+", "", e) for e in entries)
-    scripts = setup_kwargs["entry_points"]["console_scripts"]
+    scripts = [f"{name} = {target}" for name, target in project["scripts"].items()]
     assert norm(recipe["build"]["entry_points"]) == norm(scripts)
     test = recipe["test"]
     assert {"pystream", "pystream._core", "pystream.spark"} <= set(test["imports"])
@@ -387,7 +420,7 @@ def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
     _run(sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
          "--python-version", version, "--platform", "manylinux_2_28_x86_64",
          "--platform", "manylinux2014_x86_64", "-d", wheels,
-         "pip", *_setup_calls()["setup"]["install_requires"], cwd=tmp_path, timeout=600)
+         "pip", *_project()["dependencies"], cwd=tmp_path, timeout=600)
     (pip,) = wheels.glob("pip-*.whl")
     shutil.copy(dist["wheel"], wheels)
     shutil.copy(dist["abi3"], wheels)
@@ -424,9 +457,9 @@ def test_sdist_builds_and_installs(dist, tmp_path):
 
 
 def _declared_minimums() -> list[str]:
-    """setup.py's install_requires, each ``>=`` made ``==``."""
+    """pyproject.toml's dependencies, each ``>=`` made ``==``."""
     pins = []
-    for spec in _setup_calls()["setup"]["install_requires"]:
+    for spec in _project()["dependencies"]:
         req = Requirement(spec)
         (low,) = [s.version for s in req.specifier if s.operator == ">="]
         pins.append(f"{req.name}=={low}")
@@ -443,7 +476,7 @@ NOT_INSTALLED = ("tests/test_cli.py::test_bench_passes_arguments_through",)
 
 @pytest.mark.slow
 def test_declared_minimum_versions(dist, tmp_path):
-    """With exactly the minimum numpy and pyarrow setup.py declares, the
+    """With exactly the minimum numpy and pyarrow pyproject.toml declares, the
     wheel passes the broker-free tests. They run from this checkout, which
     comes last on the path (python -P, pytest's append import mode), so that
     the installed package is the one imported."""
@@ -468,3 +501,32 @@ def test_declared_minimum_versions(dist, tmp_path):
                "--import-mode=append", "-m", "not broker and not slow", *ignore,
                "tests", cwd=ROOT, env=env, timeout=900)
     assert re.search(r"\d+ passed", out) and "failed" not in out, out
+
+
+
+# --- make build: a warning in csrc/ is an error there, and only there -----------
+
+@pytest.mark.slow
+def test_development_build_fails_on_a_csrc_warning(tmp_path):
+    """``make build`` (PYSTREAM_DEV=1) stops at a warning in csrc/; a
+    release build (no PYSTREAM_DEV: make wheel, pip) takes the same
+    warning. (The C that Cython generates has warnings of its own, which
+    make build passes: it builds this checkout.)"""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    skip = shutil.ignore_patterns("*.so", "__pycache__", "_core.c")
+    shutil.copytree(ROOT / "csrc", src / "csrc", ignore=skip)
+    shutil.copytree(ROOT / "pystream", src / "pystream", ignore=skip)
+    with open(src / "csrc" / "buf.c", "a") as f:
+        f.write("\nstatic int never_called(void) { return 0; }\n")
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]
+    env = _clean_env()
+    failed = subprocess.run(build, cwd=src, env={**env, "PYSTREAM_DEV": "1"},
+                            capture_output=True, text=True, timeout=900)
+    assert failed.returncode != 0
+    assert re.search(r"buf\.c:\d+:\d+: error: .*never_called.*-Werror=unused-function",
+                     failed.stderr), failed.stderr[-3000:]
+    _run(*build, cwd=src, env=env, timeout=900)
+    assert list((src / "pystream").glob("_core*.so"))
