@@ -92,9 +92,12 @@ def rich_batch(lo: int, hi: int) -> pa.RecordBatch:
 
 
 def read_all(stream: str, **options) -> pa.Table:
+    """Every message the stream holds, up to the end of its last committed
+    chunk (as the broker reports it: no waiting for silence)."""
     with pystream.connect(MODERN_URI) as client:
-        with client.consumer(stream, offset="first", body="binary", **options) as c:
-            return c.read(10**9, timeout=2.0)
+        bounds = stream_bounds(client, stream)
+    rows = read_range(MODERN_URI, stream, bounds.first, bounds.end, body="binary", **options)
+    return pa.Table.from_batches(list(rows), schema=rows.schema)
 
 
 def source(spark, **options):
@@ -236,9 +239,13 @@ QUERY = textwrap.dedent("""
     import sys
     from pyspark.sql import SparkSession
     from pystream.spark import RabbitMQStreamDataSource
-    uri, source, target, checkpoint, mode, master = sys.argv[1:]
+    import json
+    uri, source, target, checkpoint, mode, master, extra = sys.argv[1:]
+    extra = json.loads(extra)
     builder = (SparkSession.builder.master(master)
                .config("spark.ui.enabled", "false"))
+    for key, value in extra["conf"][mode].items():
+        builder = builder.config(key, value)
     if master.startswith("spark://"):
         builder = (builder.config("spark.executor.cores", "1")
                    .config("spark.executor.memory", "512m")
@@ -250,7 +257,8 @@ QUERY = textwrap.dedent("""
     df = (spark.readStream.format("parquet").schema("body binary")
           .option("maxFilesPerTrigger", 2).load(source))
     writer = (df.writeStream.format("rabbitmq_stream").option("uri", uri)
-              .option("stream", target).option("checkpointLocation", checkpoint))
+              .option("stream", target).option("checkpointLocation", checkpoint)
+              .options(**extra["options"]))
     if mode == "now":
         writer.trigger(availableNow=True).start().awaitTermination()
     else:
@@ -270,15 +278,27 @@ def stored(client, stream) -> int:
         return 0
 
 
-def test_killed_streaming_write_publishes_every_row_once(modern, streams, tmp_path):
-    killed_write_publishes_every_row_once(modern, streams("kill"), tmp_path, "local[2]")
+ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "zstd"])
+def test_killed_streaming_write_publishes_every_row_once(modern, streams, tmp_path, compressed):
+    # Compressed: the restart also hands the sink Arrow batches of another size.
+    options = {"compression": "zstd", "subEntrySize": "70"} if compressed else {}
+    conf = {"run": {ARROW_BATCH: "10000"}, "now": {ARROW_BATCH: "3333"}} if compressed else None
+    killed_write_publishes_every_row_once(modern, streams("kill"), tmp_path, "local[2]",
+                                          options=options, conf=conf)
 
 
 def killed_write_publishes_every_row_once(client, target: str, tmp_path, master: str,
-                                          env: dict | None = None) -> None:
-    """Run the streaming write of QUERY on ``master``, SIGKILL its driver's
-    process group in the middle of a micro-batch, restart it from its
-    checkpoint, and check that ``target`` holds every input row once."""
+                                          env: dict | None = None,
+                                          options: dict[str, str] | None = None,
+                                          conf: dict[str, dict[str, str]] | None = None) -> None:
+    """Run the streaming write of QUERY on ``master`` (with the sink's
+    ``options``, and Spark's ``conf`` per run: "run", then "now"), SIGKILL
+    its driver's process group in the middle of a micro-batch, restart it
+    from its checkpoint, and check that ``target`` holds every input row
+    once."""
     source_dir = tmp_path / "input"
     source_dir.mkdir()
     for f in range(FILES):
@@ -291,9 +311,10 @@ def killed_write_publishes_every_row_once(client, target: str, tmp_path, master:
     script = tmp_path / "query.py"
     script.write_text(QUERY)
     args = [sys.executable, str(script), URI, str(source_dir), target, str(checkpoint)]
+    extra = {"options": options or {}, "conf": conf or {"run": {}, "now": {}}}
     log = (tmp_path / "query.log").open("w")
-    child = subprocess.Popen([*args, "run", master], stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True, env=env)
+    child = subprocess.Popen([*args, "run", master, json.dumps(extra)], stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -313,7 +334,7 @@ def killed_write_publishes_every_row_once(client, target: str, tmp_path, master:
     at_kill = read_all(target).num_rows
     # Rows of a batch Spark had not committed were in the stream.
     assert at_kill > commits * PER_BATCH, (at_kill, commits)
-    subprocess.run([*args, "now", master], check=True, timeout=600, stdout=log,
+    subprocess.run([*args, "now", master, json.dumps(extra)], check=True, timeout=600, stdout=log,
                    stderr=subprocess.STDOUT, env=env)
     bodies = read_all(target).column("body")
     ids = pc.cast(pc.replace_substring(bodies.cast(pa.string()), ".", ""),
@@ -390,13 +411,7 @@ def numbered(lo: int, hi: int, size: int, keyed: bool = False):
 
 
 def stored_bodies(client, stream: str) -> list[bytes]:
-    """Every message the stream holds, read up to its committed end."""
-    bounds = stream_bounds(client, stream)
-    if bounds.end <= bounds.first:
-        return []
-    return [b for batch in read_range(MODERN_URI, stream, bounds.first, bounds.end,
-                                      body="binary")
-            for b in batch.column("body").to_pylist()]
+    return read_all(stream).column("body").to_pylist()
 
 
 def write_stream(config: SinkConfig, batches, *, batch: int, query: str = "query",
