@@ -40,7 +40,7 @@ from pystream.spark import sink as sink_module
 from pystream.spark.sink import BATCH_ID, QUERY_ID, BatchWriter, SinkConfig, StreamWriter
 from pystream.super_stream import hash_route
 
-from .conftest import MANAGEMENT, MODERN_URI, local_spark
+from .conftest import MANAGEMENT, MODERN_URI, ROOT, local_spark
 from .publishers import amqp091_url, declare_stream_amqp091
 
 pytestmark = pytest.mark.broker
@@ -312,6 +312,9 @@ def killed_write_publishes_every_row_once(client, target: str, tmp_path, master:
     script.write_text(QUERY)
     args = [sys.executable, str(script), URI, str(source_dir), target, str(checkpoint)]
     extra = {"options": options or {}, "conf": conf or {"run": {}, "now": {}}}
+    if env is None:  # the script's directory comes first: import this tree's pystream
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     log = (tmp_path / "query.log").open("w")
     child = subprocess.Popen([*args, "run", master, json.dumps(extra)], stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True, env=env)

@@ -293,7 +293,7 @@ def replay_partitions(streams: Sequence[str], recorded: Sequence[int],
     if not first:
         return None
     for n in range(len(streams), 0, -1):
-        if partitions_fingerprint(streams[:n]) in first and len(first) == 1:
+        if first == {partitions_fingerprint(streams[:n])}:
             return tuple(streams[:n])
     raise ExactlyOnceError(
         f"micro-batch {batch} was first written to other partitions than the "
