@@ -438,16 +438,20 @@ def test_replayed_micro_batch_is_stored_once_whatever_the_codec(modern, streams,
             options["subEntrySize"] = str(sub)
         unit = 1 if compression == "none" and sub is None else sub or 100
         for first, replay in ((1000, 333), (4096, 10_000)):
-            for kill in (None, 9_001, 21_500):  # whole, in the first call, in the last
+            # The first attempt: whole, killed in the first call or in the
+            # last, or handed only its first rows (its input cut off: the
+            # JVM died) and ending as if that were all.
+            for kill, cut in ((None, n), (9_001, n), (21_500, n), (None, 15_123)):
                 target = streams("codec")
                 config = SinkConfig.parse({**options, "stream": target}, BODY, False)
-                done = write_stream(config, numbered(0, n, first), batch=5, kill=kill, unit=unit)
+                done = write_stream(config, numbered(0, cut, first), batch=5, kill=kill,
+                                    unit=unit)
                 assert done == (kill is None)
-                if kill is not None:
+                if kill is not None or cut < n:
                     assert 0 < len(stored_bodies(modern, target)) < n
                 assert write_stream(config, numbered(0, n, replay), batch=5)
                 got = stored_bodies(modern, target)
-                case = (sub, first, replay, kill)
+                case = (sub, first, replay, kill, cut)
                 assert len(got) == n, case
                 assert sorted(got) == want, case
                 modern.delete_stream(target)

@@ -73,6 +73,10 @@ CALL_ROWS = 10_000
 #: A batch's (or job's) ids are its number << ID_BITS | n, n < 2**ID_BITS.
 ID_BITS = 32
 ID_MASK = (1 << ID_BITS) - 1
+#: Bytes an encoded AMQP message adds around its values (sections,
+#: descriptors), and each value around its data: generous upper bounds.
+MESSAGE_OVERHEAD = 64
+VALUE_OVERHEAD = 9
 #: Seconds to wait for an offset the sink stored to be read back.
 STORE_TIMEOUT = 30.0
 
@@ -213,25 +217,52 @@ def call_rows(compression: str | None, sub_batch_size: int, target: int = CALL_R
     return -(-target // unit) * unit
 
 
-def resume_call(held: int, base: int, call_rows: int) -> int:
+def resume_call(held: int, base: int, stride: int) -> int:
     """The first call a named producer sends, given the last id the broker
     holds for its name: the one that id falls in (0 when the broker holds
     none of ``base``'s ids)."""
-    return 0 if held <= base else (held - base - 1) // call_rows
+    return 0 if held <= base else (held - base - 1) // stride
+
+
+def row_bytes(column: pa.Array[Any]) -> np.ndarray:
+    """Per row, at least the bytes ``column`` adds to an encoded message."""
+    t = column.type
+    data: np.ndarray
+    if isinstance(column, pa.StructArray):
+        data = sum((row_bytes(f) for f in column.flatten()), np.zeros(len(column), np.int64))
+    elif isinstance(column, (pa.ListArray, pa.LargeListArray)):  # maps too
+        values = np.concatenate([[0], np.cumsum(row_bytes(column.values))])
+        offsets = column.offsets.to_numpy()
+        data = values[offsets[1:]] - values[offsets[:-1]]
+    elif isinstance(column, (pa.BinaryArray, pa.StringArray, pa.LargeBinaryArray,
+                             pa.LargeStringArray)):
+        data = pc.binary_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+    else:  # fixed width
+        data = np.full(len(column), max(t.bit_width // 8, 1))
+    return data.astype(np.int64) + VALUE_OVERHEAD
 
 
 class Calls:
     """One target stream's rows under a named producer, cut into calls of
-    ``call_rows`` rows whatever the sizes of the batches added: call ``c``
-    goes to ``send(rows, base + c * call_rows + 1)``, or is skipped when the
-    broker holds ids past it (see the module's notes)."""
+    ``call_rows`` rows whatever the sizes of the batches added. Call ``c``
+    owns ids ``base + c * 2 * call_rows + 1`` on (``first``): its whole
+    sub-batches of ``unit`` messages take ``first``, ``first + 1``..., and
+    a shorter last one (the end of the task's rows, or of what it was
+    handed before it was cut off) is sent alone as ``first + call_rows +
+    end - 1``, ``end`` counting the call's rows up to its last. The
+    broker's last id thus tells how many of the call's rows it holds: a
+    replay skips them, and after a short sub-batch sends the rest as single
+    sub-batches named by their end the same way."""
 
     def __init__(self, send: Callable[[pa.RecordBatch, int], None], base: int,
-                 held: int, call_rows: int) -> None:
+                 held: int, call_rows: int, unit: int, frame: int) -> None:
         self.send = send
         self.base = base
+        self.held = held
         self.call_rows = call_rows
-        self.resume = resume_call(held, base, call_rows)
+        self.unit = unit            # messages per sub-batch (1: one id each)
+        self.frame = frame          # bytes a sub-batch must fit in
+        self.resume = resume_call(held, base, 2 * call_rows)
         self.pending: deque[pa.RecordBatch] = deque()
         self.pending_rows = 0
         self.calls = 0
@@ -241,12 +272,12 @@ class Calls:
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
         while self.pending_rows >= self.call_rows:
-            self._call(self._take(self.call_rows))
+            self._call(self._take(self.call_rows), final=False)
 
     def finish(self) -> None:
         """Send the last, shorter call."""
         if self.pending_rows:
-            self._call(self._take(self.pending_rows))
+            self._call(self._take(self.pending_rows), final=True)
 
     def _take(self, rows: int) -> pa.RecordBatch:
         parts = []
@@ -264,18 +295,52 @@ class Calls:
             return parts[0]
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
-    def _call(self, rows: pa.RecordBatch) -> None:
-        c = self.calls
+    def _call(self, rows: pa.RecordBatch, final: bool) -> None:
+        c, n = self.calls, rows.num_rows
         self.calls += 1
         if c < self.resume:
-            self.skipped += rows.num_rows
+            self.skipped += n
             return
-        if (c + 1) * self.call_rows > ID_MASK:
+        if (c + 1) * 2 * self.call_rows > ID_MASK:
             raise ExactlyOnceError(
-                f"a task sends more than {ID_MASK - self.call_rows} rows to one "
+                f"a task sends more than {ID_MASK // 2 - self.call_rows} rows to one "
                 "stream: its publishing ids would run into the next batch's "
                 "(use more partitions)")
-        self.send(rows, self.base + c * self.call_rows + 1)
+        first = self.base + c * 2 * self.call_rows + 1
+        held, ends = 0, False           # rows of this call the broker holds
+        if c == self.resume and self.held >= first:
+            at = self.held - first
+            ends = at >= self.call_rows
+            held = at - self.call_rows + 1 if ends else (at + 1) * self.unit
+        self.skipped += min(held, n)
+        if held >= n:
+            return
+        self._check_frames(rows.slice(held))
+        if ends:  # after a short sub-batch: one sub-batch per send, named by its end
+            for at in range(held, n, self.unit):
+                end = min(at + self.unit, n)
+                self.send(rows.slice(at, end - at), first + self.call_rows + end - 1)
+            return
+        short = (n - held) % self.unit if final else 0
+        if n - short > held:
+            self.send(rows.slice(held, n - short - held), first + held // self.unit)
+        if short:
+            self.send(rows.slice(n - short), first + self.call_rows + n - 1)
+
+    def _check_frames(self, rows: pa.RecordBatch) -> None:
+        """Refuse sub-batches the encoder could cut short to fit a frame:
+        their ids would no longer count whole sub-batches."""
+        if self.unit == 1:
+            return
+        sizes = sum((row_bytes(c) for c in rows.columns), np.zeros(rows.num_rows, np.int64))
+        sizes = np.concatenate([sizes + MESSAGE_OVERHEAD,
+                                np.zeros(-len(sizes) % self.unit, np.int64)])
+        worst = int(sizes.reshape(-1, self.unit).sum(axis=1).max())
+        if worst + worst // 5 + 256 > self.frame:
+            raise ExactlyOnceError(
+                f"{self.unit} messages may take {worst} bytes, more than one "
+                f"sub-entry can hold in a frame of {self.frame} bytes: exactly-once "
+                "needs whole sub-entries (lower subEntrySize)")
 
 
 def partitions_fingerprint(streams: Sequence[str]) -> int:
@@ -447,9 +512,11 @@ class _Task:
                     f"{self.name!r} holds publishing id {held} on {stream!r}, past "
                     f"this write's ({self.base >> ID_BITS} << {ID_BITS}): "
                     f"{self.later_ids}")
+            c = self.config
             calls = self.calls[stream] = Calls(
                 lambda rows, first: self._publish(stream, rows, first),
-                self.base, held, self.config.call_rows)
+                self.base, held, c.call_rows, 1 if c.compression is None else c.sub_batch_size,
+                self.client.connection.frame_max or (1 << 20))
         calls.add(message)
 
     def _publish(self, stream: str, message: pa.RecordBatch, publishing_id: int | None) -> None:
