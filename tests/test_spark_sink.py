@@ -594,20 +594,21 @@ def test_a_name_holding_a_later_job_refuses_the_write(modern, streams):
 @given(codec=st.sampled_from([None, "none", "gzip", "lz4", "zstd", "snappy"]),
        sub=st.integers(1, 300), partitions=st.integers(1, 3), n=st.integers(1, 25_000),
        sizes=st.lists(st.integers(50, 12_000), min_size=2, max_size=3),
-       kills=st.lists(st.floats(0, 1), min_size=1, max_size=2))
-def test_the_scheme_against_the_broker(modern, codec, sub, partitions, n, sizes, kills):
+       attempts=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=2))
+def test_the_scheme_against_the_broker(modern, codec, sub, partitions, n, sizes, attempts):
     """The id scheme's model (tests/test_spark_sink_ids.py) on a real broker:
-    a super stream's micro-batch killed once or twice at drawn points, with
-    drawn Arrow batch sizes, then replayed to its end: every row once."""
+    a super stream's micro-batch cut off and killed once or twice at drawn
+    points, with drawn Arrow batch sizes, then replayed to its end: every
+    row once."""
     options = {"uri": URI}
     if codec is not None:
         options |= {"compression": codec, "subEntrySize": str(sub)}
     unit = 1 if codec is None else sub
     with super_stream(modern, partitions) as (name, _):
         config = SinkConfig.parse({**options, "superstream": name}, KEYED, False)
-        for size, kill in zip(sizes, kills, strict=False):
-            write_stream(config, numbered(0, n, size, keyed=True), batch=2, partition=1,
-                         kill=int(kill * n), unit=unit)
+        for size, (cut, kill) in zip(sizes, attempts, strict=False):
+            write_stream(config, numbered(0, round(cut * n), size, keyed=True), batch=2,
+                         partition=1, kill=int(kill * n), unit=unit)
         assert write_stream(config, numbered(0, n, sizes[-1], keyed=True), batch=2,
                             partition=1)
         got = [b for s in modern.partitions(name) for b in stored_bodies(modern, s)]

@@ -10,18 +10,20 @@ ids are ``batch << 32 | n`` (``batch`` the micro-batch, or a job number
 the broker hands out), ``n`` below 2**32.
 
 A task cuts each target stream's rows into calls of ``call_rows`` rows
-whatever Spark's Arrow batch sizes; call ``c`` publishes with first id
-``c * call_rows + 1``, the producer numbering its messages (or compressed
-sub-batches) up from it, so a call never uses more than ``call_rows`` ids.
-A replay reads the broker's last id for the name, skips the calls before
-the one that id falls in and sends that one whole: the same rows encode to
-the same sub-batches, so the broker drops exactly those it holds. This
-holds while a replay hands each partition the same rows in the same order
-with the same ``compression`` and ``subEntrySize``: a deterministic query
-over a replayable source and the same partitioning (Spark keeps
-``spark.sql.shuffle.partitions`` in the checkpoint). Speculative
-execution should stay off: two attempts of one task publish under one name
-at once.
+whatever Spark's Arrow batch sizes (``Calls``); call ``c`` owns the ids
+from ``c * 2 * call_rows + 1``: its whole sub-batches (or, uncompressed,
+its messages) count up from there, and a shorter last sub-batch is sent
+alone under an id past ``call_rows`` that names the row it ends at. So the
+broker's last id for the name says how many rows it holds, even when an
+attempt was handed only part of its input and took that for the end (a
+Python worker whose JVM died sees its Arrow stream end): a replay skips
+those rows and sends the rest under higher ids. This holds while a replay
+hands each partition the same rows in the same order with the same
+``compression`` and ``subEntrySize``: a deterministic query over a
+replayable source and the same partitioning (Spark keeps
+``spark.sql.shuffle.partitions`` in the checkpoint). Sub-batches that a
+frame could cut short are refused. Speculative execution should stay off:
+two attempts of one task publish under one name at once.
 
 A super stream's partitions are read once, on the driver, when the write
 starts. A streaming task routing by hash records the list it routes by
