@@ -127,7 +127,7 @@ attempts = st.lists(st.tuples(sizes, st.floats(0, 1), st.one_of(st.none(), st.in
                     min_size=1, max_size=3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(codec=st.sampled_from(CODECS), sub=st.integers(1, 300),
        n=st.integers(0, 2500), size=st.integers(1, 200),
        frame=st.sampled_from([1 << 20, 1 << 20, 1 << 20, 8192]), target=st.integers(1, 900),
@@ -217,3 +217,19 @@ def test_partitions_added_before_a_replay(n, sub, codec, budget, first, added, s
     want = expected(rows, old)
     for name in new:
         assert streams.get(name, Stream()).rows == want.get(name, []), name
+
+
+def test_sub_batches_a_frame_could_cut_are_refused_before_any_is_sent():
+    sent: list[int] = []
+    big = pa.record_batch({"body": pa.array([b"x" * 15_000] * 300)})
+    calls = Calls(lambda rows, first: sent.append(first), BATCH << ID_BITS, 0, 10_000, 100,
+                  1 << 20)
+    calls.add(big)
+    with pytest.raises(ExactlyOnceError, match="lower subEntrySize"):
+        calls.finish()  # 100 messages of 15 000 bytes: more than 1 MiB
+    assert sent == []
+    fine = Calls(lambda rows, first: sent.append(first), BATCH << ID_BITS, 0, 10_000, 20,
+                 1 << 20)
+    fine.add(big)
+    fine.finish()
+    assert sent == [(BATCH << ID_BITS) + 1]

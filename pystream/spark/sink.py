@@ -77,7 +77,7 @@ ID_BITS = 32
 ID_MASK = (1 << ID_BITS) - 1
 #: Bytes an encoded AMQP message adds around its values (sections,
 #: descriptors), and each value around its data: generous upper bounds.
-MESSAGE_OVERHEAD = 64
+MESSAGE_OVERHEAD = 128
 VALUE_OVERHEAD = 9
 #: Seconds to wait for an offset the sink stored to be read back.
 STORE_TIMEOUT = 30.0
