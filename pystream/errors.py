@@ -129,6 +129,12 @@ class DataLoss(StreamError):
     before they were read (raised where the reader asks to fail on it)."""
 
 
+class ExactlyOnceError(StreamError):
+    """The Spark sink cannot publish a write exactly once (the message says
+    why, e.g. a super stream's partitions changed between a micro-batch's
+    first attempt and its replay): it refuses rather than lose or repeat rows."""
+
+
 class PublishError(StreamError):
     """The broker refused a published message: ``publishing_id`` says which,
     ``code`` why (e.g. 0x12 publisher does not exist, 0x10 access refused)."""

@@ -2,27 +2,46 @@
 broker: a round trip through Spark is lossless, bad writes fail before any
 task runs, super streams route as the producer does, and a streaming query
 SIGKILLed in the middle of a micro-batch and restarted from its checkpoint
-leaves every input row in the stream exactly once."""
+leaves every input row in the stream exactly once.
+
+The replay tests call the writers' ``write`` in this process as Spark's
+tasks do (a stand-in for the task context gives the partition, query and
+micro-batch), the first attempt dying after the broker stored a chosen
+number of rows, in whole sub-batches."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.parse
+import urllib.request
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 import pystream
+from pystream import ExactlyOnceError, Producer
+from pystream.ranges import read_range, stream_bounds
+from pystream.spark import sink as sink_module
+from pystream.spark.sink import BATCH_ID, QUERY_ID, BatchWriter, SinkConfig, StreamWriter
+from pystream.super_stream import hash_route
 
-from .conftest import MODERN_URI, local_spark
+from .conftest import MANAGEMENT, MODERN_URI, ROOT, local_spark
+from .publishers import amqp091_url, declare_stream_amqp091
 
 pytestmark = pytest.mark.broker
 
@@ -73,9 +92,12 @@ def rich_batch(lo: int, hi: int) -> pa.RecordBatch:
 
 
 def read_all(stream: str, **options) -> pa.Table:
+    """Every message the stream holds, up to the end of its last committed
+    chunk (as the broker reports it: no waiting for silence)."""
     with pystream.connect(MODERN_URI) as client:
-        with client.consumer(stream, offset="first", body="binary", **options) as c:
-            return c.read(10**9, timeout=2.0)
+        bounds = stream_bounds(client, stream)
+    rows = read_range(MODERN_URI, stream, bounds.first, bounds.end, body="binary", **options)
+    return pa.Table.from_batches(list(rows), schema=rows.schema)
 
 
 def source(spark, **options):
@@ -199,12 +221,16 @@ def test_batch_producer_name_gives_each_job_its_ids(spark, modern, streams):
     df = spark.range(0, 1000, numPartitions=2).select(F.col("id").cast("string").alias("body"))
     sink(df, stream=target, producerName="job")
     first = [modern.query_publisher_sequence(target, f"job-{p}") for p in (0, 1)]
-    assert abs((first[0] >> 32) - time.time()) < 600
-    assert [s & 0xFFFFFFFF for s in first] == [500, 500]  # 500 rows per task
+    assert first == [1 << 32 | 500] * 2  # job 1, 500 rows per task
     sink(df, stream=target, producerName="job")  # at once: the next job number
-    second = modern.query_publisher_sequence(target, "job-0")
-    assert second >> 32 > first[0] >> 32
-    assert read_all(target).num_rows == 2000
+    assert modern.query_publisher_sequence(target, "job-0") >> 32 == 2
+    # Partition 0 empty in two jobs in a row (within the same second).
+    odd = df.where(F.col("body").cast("int") >= 500)
+    sink(odd, stream=target, producerName="job")
+    sink(odd, stream=target, producerName="job")
+    assert modern.query_publisher_sequence(target, "job-0") >> 32 == 2
+    assert modern.query_publisher_sequence(target, "job-1") >> 32 == 4
+    assert read_all(target).num_rows == 3000
 
 
 # --- streaming: exactly-once across a SIGKILL --------------------------------
@@ -213,9 +239,13 @@ QUERY = textwrap.dedent("""
     import sys
     from pyspark.sql import SparkSession
     from pystream.spark import RabbitMQStreamDataSource
-    uri, source, target, checkpoint, mode, master = sys.argv[1:]
+    import json
+    uri, source, target, checkpoint, mode, master, extra = sys.argv[1:]
+    extra = json.loads(extra)
     builder = (SparkSession.builder.master(master)
                .config("spark.ui.enabled", "false"))
+    for key, value in extra["conf"][mode].items():
+        builder = builder.config(key, value)
     if master.startswith("spark://"):
         builder = (builder.config("spark.executor.cores", "1")
                    .config("spark.executor.memory", "512m")
@@ -227,7 +257,8 @@ QUERY = textwrap.dedent("""
     df = (spark.readStream.format("parquet").schema("body binary")
           .option("maxFilesPerTrigger", 2).load(source))
     writer = (df.writeStream.format("rabbitmq_stream").option("uri", uri)
-              .option("stream", target).option("checkpointLocation", checkpoint))
+              .option("stream", target).option("checkpointLocation", checkpoint)
+              .options(**extra["options"]))
     if mode == "now":
         writer.trigger(availableNow=True).start().awaitTermination()
     else:
@@ -247,15 +278,27 @@ def stored(client, stream) -> int:
         return 0
 
 
-def test_killed_streaming_write_publishes_every_row_once(modern, streams, tmp_path):
-    killed_write_publishes_every_row_once(modern, streams("kill"), tmp_path, "local[2]")
+ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "zstd"])
+def test_killed_streaming_write_publishes_every_row_once(modern, streams, tmp_path, compressed):
+    # Compressed: the restart also hands the sink Arrow batches of another size.
+    options = {"compression": "zstd", "subEntrySize": "70"} if compressed else {}
+    conf = {"run": {ARROW_BATCH: "10000"}, "now": {ARROW_BATCH: "3333"}} if compressed else None
+    killed_write_publishes_every_row_once(modern, streams("kill"), tmp_path, "local[2]",
+                                          options=options, conf=conf)
 
 
 def killed_write_publishes_every_row_once(client, target: str, tmp_path, master: str,
-                                          env: dict | None = None) -> None:
-    """Run the streaming write of QUERY on ``master``, SIGKILL its driver's
-    process group in the middle of a micro-batch, restart it from its
-    checkpoint, and check that ``target`` holds every input row once."""
+                                          env: dict | None = None,
+                                          options: dict[str, str] | None = None,
+                                          conf: dict[str, dict[str, str]] | None = None) -> None:
+    """Run the streaming write of QUERY on ``master`` (with the sink's
+    ``options``, and Spark's ``conf`` per run: "run", then "now"), SIGKILL
+    its driver's process group in the middle of a micro-batch, restart it
+    from its checkpoint, and check that ``target`` holds every input row
+    once."""
     source_dir = tmp_path / "input"
     source_dir.mkdir()
     for f in range(FILES):
@@ -268,9 +311,13 @@ def killed_write_publishes_every_row_once(client, target: str, tmp_path, master:
     script = tmp_path / "query.py"
     script.write_text(QUERY)
     args = [sys.executable, str(script), URI, str(source_dir), target, str(checkpoint)]
+    extra = {"options": options or {}, "conf": conf or {"run": {}, "now": {}}}
+    if env is None:  # the script's directory comes first: import this tree's pystream
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     log = (tmp_path / "query.log").open("w")
-    child = subprocess.Popen([*args, "run", master], stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True, env=env)
+    child = subprocess.Popen([*args, "run", master, json.dumps(extra)], stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -290,10 +337,280 @@ def killed_write_publishes_every_row_once(client, target: str, tmp_path, master:
     at_kill = read_all(target).num_rows
     # Rows of a batch Spark had not committed were in the stream.
     assert at_kill > commits * PER_BATCH, (at_kill, commits)
-    subprocess.run([*args, "now", master], check=True, timeout=600, stdout=log,
+    subprocess.run([*args, "now", master, json.dumps(extra)], check=True, timeout=600, stdout=log,
                    stderr=subprocess.STDOUT, env=env)
     bodies = read_all(target).column("body")
     ids = pc.cast(pc.replace_substring(bodies.cast(pa.string()), ".", ""),
                   pa.int64()).to_numpy()
     assert len(ids) == FILES * ROWS_PER_FILE, (at_kill, commits, len(ids))
     assert (np.sort(ids) == np.arange(FILES * ROWS_PER_FILE)).all()
+
+
+# --- replays, called as Spark's tasks call the writers -----------------------
+
+BODY = StructType([StructField("body", BinaryType())])
+KEYED = StructType([StructField("body", BinaryType()), StructField("routing_key", StringType())])
+
+
+class Killed(Exception):
+    """A stand-in for the SIGKILL of a task."""
+
+
+class FakeTask:
+    """What the writers read of Spark's TaskContext."""
+
+    def __init__(self, partition: int, query: str | None, batch: int | None) -> None:
+        self.partition = partition
+        self.properties = {QUERY_ID: query, BATCH_ID: None if batch is None else str(batch)}
+
+    def partitionId(self) -> int:
+        return self.partition
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return self.properties[key]
+
+
+@contextlib.contextmanager
+def as_task(partition: int = 0, query: str | None = None, batch: int | None = None):
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sink_module, "_task_context", lambda: FakeTask(partition, query, batch))
+        yield
+
+
+@contextlib.contextmanager
+def killed_after(rows: int | None, unit: int):
+    """The task dies once its producers were handed ``rows`` rows; the
+    broker keeps what was sent before, in whole sub-batches of ``unit``
+    messages from the start of each call (what a SIGKILL may leave)."""
+    if rows is None:
+        yield
+        return
+    real = Producer.send_batch
+    left = [rows]
+
+    def send_batch(self, messages, **kwargs):
+        if left[0] >= len(messages):
+            left[0] -= len(messages)
+            return real(self, messages, **kwargs)
+        keep = left[0] // unit * unit
+        if keep:
+            real(self, messages.slice(0, keep), **kwargs)
+        left[0] = 0
+        raise Killed
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Producer, "send_batch", send_batch)
+        yield
+
+
+def numbered(lo: int, hi: int, size: int, keyed: bool = False):
+    """Rows ``r{lo}``.. as Arrow batches of ``size`` rows (and a routing key)."""
+    for at in range(lo, hi, size):
+        ids = range(at, min(at + size, hi))
+        columns = {"body": pa.array([f"r{i}".encode() for i in ids], pa.binary())}
+        if keyed:
+            columns["routing_key"] = pa.array([f"key-{i}" for i in ids])
+        yield pa.record_batch(columns)
+
+
+def stored_bodies(client, stream: str) -> list[bytes]:
+    return read_all(stream).column("body").to_pylist()
+
+
+def write_stream(config: SinkConfig, batches, *, batch: int, query: str = "query",
+                 partition: int = 0, kill: int | None = None, unit: int = 1) -> bool:
+    """One attempt of a streaming task; False when it was killed."""
+    with as_task(partition, query, batch), killed_after(kill, unit):
+        try:
+            StreamWriter(config).write(batches)
+        except Killed:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "lz4", "zstd", "snappy"])
+def test_replayed_micro_batch_is_stored_once_whatever_the_codec(modern, streams, compression):
+    n = 25_000  # three calls of 10 000 rows
+    want = sorted(f"r{i}".encode() for i in range(n))
+    for sub in (None, 7, 100):
+        options = {"uri": URI, "compression": compression}
+        if sub is not None:
+            options["subEntrySize"] = str(sub)
+        unit = 1 if compression == "none" and sub is None else sub or 100
+        for first, replay in ((1000, 333), (4096, 10_000)):
+            # The first attempt: whole, killed in the first call or in the
+            # last, or handed only its first rows (its input cut off: the
+            # JVM died) and ending as if that were all.
+            for kill, cut in ((None, n), (9_001, n), (21_500, n), (None, 15_123)):
+                target = streams("codec")
+                config = SinkConfig.parse({**options, "stream": target}, BODY, False)
+                done = write_stream(config, numbered(0, cut, first), batch=5, kill=kill,
+                                    unit=unit)
+                assert done == (kill is None)
+                if kill is not None or cut < n:
+                    assert 0 < len(stored_bodies(modern, target)) < n
+                assert write_stream(config, numbered(0, n, replay), batch=5)
+                got = stored_bodies(modern, target)
+                case = (sub, first, replay, kill, cut)
+                assert len(got) == n, case
+                assert sorted(got) == want, case
+                modern.delete_stream(target)
+
+
+@contextlib.contextmanager
+def super_stream(client, partitions: int):
+    name = f"test-sink-replay-{os.getpid()}-{time.monotonic_ns()}"
+    client.create_super_stream(name, partitions=partitions)
+    extra: list[str] = []
+    try:
+        yield name, extra
+    finally:
+        for stream in [*client.partitions(name), *extra]:
+            client.delete_stream(stream, missing_ok=True)
+        client.delete_super_stream(name, missing_ok=True)
+
+
+def bind(super_name: str, stream: str, key: str, order: int) -> None:
+    """Grow a super stream as RabbitMQ's tools do: a stream queue bound to
+    its exchange with the next partition order."""
+    import pika
+    url = amqp091_url(MODERN_URI)
+    declare_stream_amqp091(url, stream)
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        connection.channel().queue_bind(stream, super_name, routing_key=key,
+                                        arguments={"x-stream-partition-order": order})
+
+
+def unbind(super_name: str, stream: str) -> None:
+    """Take a partition out of a super stream (its bindings, through the
+    management API: they carry the broker's own argument types)."""
+    path = f"{MANAGEMENT['modern']}/api/bindings/%2F/e/{super_name}/q/{stream}"
+    auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+    with urllib.request.urlopen(urllib.request.Request(
+            path, headers={"Authorization": auth})) as answer:
+        bindings = json.load(answer)
+    assert bindings
+    for binding in bindings:
+        urllib.request.urlopen(urllib.request.Request(
+            f"{path}/{urllib.parse.quote(binding['properties_key'], safe='')}",
+            method="DELETE", headers={"Authorization": auth})).close()
+
+
+def test_replay_after_a_partition_was_added_routes_as_its_first_attempt(modern):
+    n = 12_000
+    with super_stream(modern, 2) as (name, extra):
+        options = {"uri": URI, "superstream": name}
+        config = SinkConfig.parse(options, KEYED, False)
+        first = modern.partitions(name)
+        assert not write_stream(config, numbered(0, n, 1000, keyed=True), batch=3, kill=5000)
+        new = f"{name}-2"
+        extra.append(new)
+        bind(name, new, "2", 2)
+        assert modern.partitions(name) == [*first, new]
+        restarted = SinkConfig.parse(options, KEYED, False)  # the driver after a restart
+        assert write_stream(restarted, numbered(0, n, 777, keyed=True), batch=3)
+        keys = pa.array([f"key-{i}" for i in range(n)])
+        part = hash_route(keys, 2)
+        for i, stream in enumerate(first):
+            got = stored_bodies(modern, stream)
+            assert len(got) == len(set(got)), stream
+            assert sorted(got) == sorted(f"r{r}".encode() for r in np.nonzero(part == i)[0])
+        assert stored_bodies(modern, new) == []
+        # The next micro-batch routes by the three partitions.
+        assert write_stream(restarted, numbered(n, n + 3000, 1000, keyed=True), batch=4)
+        assert len(stored_bodies(modern, new)) > 0
+        assert sum(len(stored_bodies(modern, s)) for s in [*first, new]) == n + 3000
+
+
+def test_replay_after_partitions_were_rebound_is_refused(modern):
+    with super_stream(modern, 2) as (name, extra):
+        options = {"uri": URI, "superstream": name}
+        config = SinkConfig.parse(options, KEYED, False)
+        first = modern.partitions(name)
+        assert not write_stream(config, numbered(0, 8000, 1000, keyed=True), batch=9, kill=3000)
+        before = [stored_bodies(modern, s) for s in first]
+        # Partition 1 replaced by another stream at the same place.
+        new = f"{name}-x"
+        extra.append(first[1])
+        unbind(name, first[1])
+        bind(name, new, "x", 1)
+        assert modern.partitions(name) == [first[0], new]
+        restarted = SinkConfig.parse(options, KEYED, False)
+        with pytest.raises(ExactlyOnceError, match="micro-batch 9 was first written"):
+            write_stream(restarted, numbered(0, 8000, 1000, keyed=True), batch=9)
+        assert [stored_bodies(modern, s) for s in first] == before
+        assert stored_bodies(modern, new) == []
+
+
+def write_job(writer: BatchWriter, partitions: dict[int, range], kill: int | None = None):
+    """A df.write job's tasks, one after another, as Spark runs them."""
+    for partition, rows in partitions.items():
+        with as_task(partition), killed_after(kill, 1):
+            try:
+                writer.write(numbered(rows.start, rows.stop, 64))
+            except Killed:
+                return False
+    return True
+
+
+def test_batch_job_numbers_come_from_the_broker_not_the_clock(modern, streams, monkeypatch):
+    target = streams("jobs")
+    options = {"uri": URI, "stream": target, "producerName": "nightly"}
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(sink_module, "time", type("Clock", (), {
+        "time": staticmethod(lambda: clock[0]), "monotonic": staticmethod(time.monotonic),
+        "sleep": staticmethod(time.sleep)}))
+
+    def job(partitions: dict[int, range], kill: int | None = None) -> BatchWriter:
+        writer = BatchWriter(SinkConfig.parse(options, BODY, False))
+        write_job(writer, partitions, kill)
+        return writer
+
+    # Every job in the same second.
+    job({0: range(0, 100), 1: range(100, 200)})
+    job({0: range(0), 1: range(200, 300)})        # partition 0 empty
+    job({0: range(0), 1: range(300, 400)})        # again, at once
+    clock[0] -= 10_000                            # the clock behind
+    last = job({0: range(400, 500), 1: range(500, 600)}, kill=50)
+    assert write_job(last, {0: range(400, 500), 1: range(500, 600)})  # Spark's retry
+    got = stored_bodies(modern, target)
+    assert sorted(got) == sorted(f"r{i}".encode() for i in range(600))
+
+
+def test_a_name_holding_a_later_job_refuses_the_write(modern, streams):
+    target = streams("later")
+    # A job numbered by the clock (an older pystream) wrote partition 1 only.
+    with modern.producer(target, name="old-1") as producer:
+        producer.send_batch([b"old"], publishing_id=1_700_000_000 << 32 | 1).result(30)
+    writer = BatchWriter(SinkConfig.parse({"uri": URI, "stream": target,
+                                           "producerName": "old"}, BODY, False))
+    assert write_job(writer, {0: range(0, 10)})
+    with pytest.raises(ExactlyOnceError, match="holds publishing id"):
+        write_job(writer, {1: range(10, 20)})
+    assert len(stored_bodies(modern, target)) == 11
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(codec=st.sampled_from([None, "none", "gzip", "lz4", "zstd", "snappy"]),
+       sub=st.integers(1, 300), partitions=st.integers(1, 3), n=st.integers(1, 25_000),
+       sizes=st.lists(st.integers(50, 12_000), min_size=2, max_size=3),
+       attempts=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=2))
+def test_the_scheme_against_the_broker(modern, codec, sub, partitions, n, sizes, attempts):
+    """The id scheme's model (tests/test_spark_sink_ids.py) on a real broker:
+    a super stream's micro-batch cut off and killed once or twice at drawn
+    points, with drawn Arrow batch sizes, then replayed to its end: every
+    row once."""
+    options = {"uri": URI}
+    if codec is not None:
+        options |= {"compression": codec, "subEntrySize": str(sub)}
+    unit = 1 if codec is None else sub
+    with super_stream(modern, partitions) as (name, _):
+        config = SinkConfig.parse({**options, "superstream": name}, KEYED, False)
+        for size, (cut, kill) in zip(sizes, attempts, strict=False):
+            write_stream(config, numbered(0, round(cut * n), size, keyed=True), batch=2,
+                         partition=1, kill=int(kill * n), unit=unit)
+        assert write_stream(config, numbered(0, n, sizes[-1], keyed=True), batch=2,
+                            partition=1)
+        got = [b for s in modern.partitions(name) for b in stored_bodies(modern, s)]
+        assert len(got) == n
+        assert sorted(got) == sorted(f"r{i}".encode() for i in range(n))
