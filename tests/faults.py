@@ -821,7 +821,7 @@ def sink_batches(run: Run | None, first: int, fail_at: int | None,
 
 
 def cell_sink(run: Run) -> None:
-    from pystream.spark.sink import _write
+    from pystream.spark.sink import ID_BITS, _Task, _write
 
     codec = run.path.removeprefix("sink-")
     with run.connect() as client:
@@ -832,7 +832,8 @@ def cell_sink(run: Run) -> None:
         error = ""
         for _attempt in range(4):  # Spark's task attempts
             try:
-                commit = _write(config, sink_batches(run, 0, fail_at), f"{run.tag}-0", 1 << 32)
+                task = _Task(config, f"{run.tag}-0", 1 << ID_BITS, config.streams)
+                commit = _write(task, sink_batches(run, 0, fail_at))
                 run.cell.events.append(f"the task committed {commit.counts}, "
                                        f"{commit.skipped} rows skipped")
                 done = True
@@ -1160,12 +1161,12 @@ def _child_super_produce(client: pystream.Client, spec: dict[str, Any], write: A
 
 
 def _child_sink(spec: dict[str, Any], write: Any) -> int:
-    from pystream.spark.sink import _write
+    from pystream.spark.sink import ID_BITS, _Task, _write
 
     config = sink_config(spec["streams"][0], spec["codec"], spec["tag"],
                          client_options(spec["fault"]))
-    commit = _write(config, _paced(sink_batches(None, 0, None, lambda s, n: write([s], [n]))),
-                    f"{spec['tag']}-0", 1 << 32)
+    task = _Task(config, f"{spec['tag']}-0", 1 << ID_BITS, config.streams)
+    commit = _write(task, _paced(sink_batches(None, 0, None, lambda s, n: write([s], [n]))))
     print(json.dumps({"done": True, "counts": commit.counts, "skipped": commit.skipped}))
     return 0
 

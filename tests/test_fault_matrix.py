@@ -34,11 +34,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("range", "restart"): "read_range raises ConnectionLost from its idle check's "
                           "admin call while the node is down (each retry too)",
     ("range-filtered", "restart"): "as range/restart",
-    **{(f"sink-{codec}", fault): "a retried sink task with compression skips rows "
-                                 "by publishing ids that count sub-batches: the "
-                                 "rest of the last batch the broker held is "
-                                 "stored twice"
-       for codec in faults.CODECS if codec != "none" for fault in ("exception", "kill")},
 }
 
 
