@@ -28,11 +28,22 @@ from urllib.parse import urlsplit
 import numpy as np
 import pyarrow as pa
 
+from . import protocol as P
+from ._core import Chunk
 from ._core import schema as core_schema
 from .arrow import ArrowStream
 from .client import Client
+from .connection import Connection
 from .credit import Credit
-from .errors import CertificateVerificationError, DataLoss, MissingPassword, RequestTimeout
+from .errors import (
+    CertificateVerificationError,
+    DataLoss,
+    MissingPassword,
+    RequestTimeout,
+    StreamError,
+    StreamNotAvailable,
+)
+from .offsets import offset_spec
 from .records import Filter
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
@@ -46,9 +57,9 @@ POLL = 0.2  # seconds between looks at the position while no records come
 FILTERED_QUIET = 2.0
 #: Seconds between questions to the broker while a range read hears nothing.
 CHECK_EVERY = 1.0
-PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
-#: How long a timestamp probe waits for the chunk the broker must send.
-TIMESTAMP_PROBE_TIMEOUT = 10.0
+#: How long ``pystream dump``'s first-record probe waits.
+PROBE_TIMEOUT = 1.0
+CHUNK_USER = 0  # the chunk type of records (1 and 2: offset tracking)
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
 MIN_RANGE = 100_000
@@ -194,75 +205,157 @@ def _client_for_ref(broker: BrokerRef, options: dict[str, Any]) -> Client:
             "or BrokerRef(ca_file=...)") from exc.__cause__
 
 
-def stream_bounds(client: Client, stream: str, *, exact: bool = True) -> StreamBounds:
-    """The stream's first offset and the end of its last committed chunk.
-    Where the broker's statistics carry ``committed_offset`` (4.3+) they
-    give both; otherwise the first offset comes from the statistics (3.11+)
-    or a read of the first record, and the end from a read of the last chunk
-    (``exact=False`` forces that probe, to compare the two)."""
-    stats = client.stream_stats(stream) if client.supports("stream_stats") else None
+def stream_bounds(client: Client, stream: str, *, exact: bool = True,
+                  timeout: float | None = None) -> StreamBounds:
+    """The stream's first offset and the end of its last committed chunk of
+    records, as the broker tells them, never from its silence. Where the
+    broker's statistics carry ``committed_offset`` (4.3+) they give both;
+    otherwise the first offset comes from the statistics (3.11+) or the
+    chunk a subscription at ``"first"`` is sent, and the end from the chunk
+    one at ``"last"`` is sent (``exact=False`` forces that probe, to
+    compare the two; see ``_probe`` for how the broker tells that it has no
+    such chunk). ``RequestTimeout`` if the broker does not answer within
+    ``timeout`` seconds (None: the connection's ``request_timeout``)."""
+    stats = (client.stream_stats(stream, timeout=timeout)
+             if client.supports("stream_stats") else None)
     if exact and stats is not None and "committed_offset" in stats:
         if stats.get("committed_chunk_id", -1) < 0 or stats["committed_offset"] < 0:
             return StreamBounds(0, 0, None)
         end = stats["committed_offset"] + 1
         return StreamBounds(min(stats["first_chunk_id"], end), end, None)
-    first = _first_of(client, stream, stats)
-    if first is None:
-        return StreamBounds(0, 0, None)
-    last_end, last_timestamp = _read_last_chunk(client, stream)
-    # offset-tracking chunks only (None): no record to read
-    end = first if last_end is None else last_end
-    return StreamBounds(min(first, end), end, last_timestamp)
-
-
-def stream_first(client: Client, stream: str) -> int | None:
-    """The stream's first offset (None if it holds no record)."""
-    stats = client.stream_stats(stream) if client.supports("stream_stats") else None
-    return _first_of(client, stream, stats)
-
-
-def _first_of(client: Client, stream: str, stats: dict[str, int] | None) -> int | None:
     if stats is not None:
+        if stats.get("committed_chunk_id", -1) < 0:
+            return StreamBounds(0, 0, None)
+        first: int = stats["first_chunk_id"]
+        (last,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_LAST)], timeout)
+    else:
+        head, last = _probe(client, stream, [P.OffsetSpec(P.OFFSET_FIRST),
+                                             P.OffsetSpec(P.OFFSET_LAST)], timeout)
+        if head is None:
+            return StreamBounds(0, 0, None)
+        first = head.first
+    if last is None:  # offset-tracking chunks only: no record to read
+        return StreamBounds(first, first, None)
+    return StreamBounds(min(first, last.end), last.end, last.timestamp)
+
+
+def stream_first(client: Client, stream: str, *,
+                 timeout: float | None = None) -> int | None:
+    """The stream's first offset (None if it holds no record)."""
+    if client.supports("stream_stats"):
+        stats = client.stream_stats(stream, timeout=timeout)
         return None if stats.get("committed_chunk_id", -1) < 0 else stats["first_chunk_id"]
-    with client.consumer(stream, offset="first", amqp=False) as consumer:
-        head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
-    return head[0].as_py() if len(head) else None
+    (head,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_FIRST)], timeout)
+    return None if head is None else head.first
 
 
-def _read_last_chunk(client: Client, stream: str) -> tuple[int | None, dt.datetime | None]:
-    # "last" attaches to the last user chunk; the position after it is the
-    # end (chunks appended meanwhile only move it further, which is as true).
-    with client.consumer(stream, offset="last", amqp=False) as consumer:
-        for batch in consumer.batches(timeout=PROBE_TIMEOUT):
-            stamp = batch.column(1)[batch.num_rows - 1].as_py()
-            return consumer.position, stamp
-    return None, None
+@dataclass(frozen=True)
+class _Head:
+    """The first chunk of records the broker sent a probe's subscription."""
+
+    first: int  # its first offset
+    end: int  # the offset after it
+    timestamp: dt.datetime
+
+
+class _ProbeSink:
+    """A probe's subscription (``SubscriptionSink``): what the reader thread
+    hands it, kept until the probe looks."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.head: _Head | None = None
+        self.others = 0  # offset-tracking chunks, should the broker send any
+        self.error: StreamError | None = None
+
+    def on_chunks(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            if chunk.chunk_type != CHUNK_USER:
+                self.others += 1
+            elif self.head is None:
+                self.head = _Head(chunk.first_offset, chunk.next_offset,
+                                  dt.datetime.fromtimestamp(chunk.timestamp / 1000, dt.UTC))
+
+    def on_chunk_error(self, error: StreamError) -> None:
+        self.error = error
+
+    def on_consumer_update(self, correlation_id: int, active: bool) -> None:
+        pass  # never single active
+
+    def on_metadata_update(self, code: int) -> None:
+        self.error = StreamNotAvailable(
+            f"{self.stream!r} moved or went away while probed (code {code:#x})")
+
+    def on_connection_closed(self, error: StreamError | None) -> None:
+        if error is not None:  # None: the probe closed it
+            self.error = error
+
+
+def _probe(client: Client, stream: str, specs: list[P.OffsetSpec],
+           timeout: float | None) -> list[_Head | None]:
+    """For each of ``specs``, the first chunk of records the broker sends a
+    subscription there, or None when it has none to send, which the broker
+    establishes, not silence: it sends a new subscription the chunks it
+    holds (up to its credit, skipping offset-tracking chunks) while it
+    handles Subscribe, before it reads the next request on that
+    connection; so when the answer to a request sent after the Subscribes
+    comes with no chunk before it, the stream has no chunk of records
+    there. ``RequestTimeout`` if the broker does not answer within
+    ``timeout`` seconds (None: the connection's ``request_timeout``)."""
+    address = client.pool.address_of(client.locate(stream))
+    # A connection of its own: closing it ends the probe's subscriptions
+    # however far they got, with nothing late for another subscription.
+    conn = Connection(address, **client.pool.options)
+    conn.open()
+    deadline = time.monotonic() + (conn.request_timeout if timeout is None else timeout)
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    sinks: dict[int, _ProbeSink] = {}
+    try:
+        for spec in specs:
+            sink = _ProbeSink(stream)
+            sinks[_subscribe_probe(conn, sink, spec, left())] = sink
+        while True:
+            conn.query(P.MetadataResponse, lambda c: P.Metadata(c, (stream,)),
+                       f"metadata of {stream!r} after probing it", timeout=left())
+            waiting = [i for i, s in sinks.items() if s.head is None and s.others]
+            if not waiting:
+                break
+            for i in waiting:  # the credit went on a tracking chunk: one more
+                sinks[i].others = 0
+                conn.send(P.Credit(i, 1))
+    finally:
+        conn.request_timeout = left()  # the polite close within the budget too
+        conn.close()
+    for sink in sinks.values():
+        if sink.error is not None:
+            raise sink.error
+    return [sink.head for sink in sinks.values()]
+
+
+def _subscribe_probe(conn: Connection, sink: _ProbeSink, spec: P.OffsetSpec,
+                     timeout: float) -> int:
+    """Subscribe ``sink`` at ``spec`` with a credit of one chunk; its id."""
+    sub_id = conn.add_subscription(sink, amqp=False)
+    conn.request(lambda c: P.Subscribe(c, sub_id, sink.stream, spec, 1),
+                 f"subscribe to {sink.stream!r} to probe it", timeout=timeout)
+    return sub_id
 
 
 def offset_at(client: Client, stream: str, when: dt.datetime,
-              bounds: StreamBounds) -> int:
+              bounds: StreamBounds, *, timeout: float | None = None) -> int:
     """The first offset of the first chunk stored at or after ``when`` (the
-    stream's end if none is): the broker's answer on 4.3+, else a probe.
-    ``RequestTimeout`` if the chunk the probe must receive does not come."""
+    stream's end if none is): the broker's answer on 4.3+, else the chunk a
+    subscription at ``when`` is sent (``_probe``). ``RequestTimeout`` if
+    the broker does not answer within ``timeout`` seconds."""
     if bounds.end <= bounds.first:
         return bounds.end
     if client.supports("resolve_offset_spec"):
         return min(client.resolve_offset(stream, when), bounds.end)
-    last = bounds.last_timestamp
-    if last is None:  # the broker gave the end: read the last chunk's time
-        _, last = _read_last_chunk(client, stream)
-    if last is not None and when > last:
-        return bounds.end
-    # A chunk at or after ``when`` exists (or none could be read to tell):
-    # the broker sends it at once, so silence is an error, not the end.
-    with client.consumer(stream, offset=when, amqp=False) as consumer:
-        head = consumer.read(1, timeout=TIMESTAMP_PROBE_TIMEOUT).column(0)
-    if not len(head):
-        raise RequestTimeout(
-            f"{stream!r}: no chunk stored at or after {when.isoformat()} came "
-            f"within {TIMESTAMP_PROBE_TIMEOUT:g} s")
-    first: int = head[0].as_py()
-    return min(first, bounds.end)
+    (head,) = _probe(client, stream, [offset_spec(when)], timeout)
+    return bounds.end if head is None else min(head.first, bounds.end)
 
 
 def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> int:
@@ -406,8 +499,9 @@ def _received_all(client: Client, stream: str, position: int, end: int,
     """Whether the broker shows that no record of ``[position, end)`` is
     left to receive: every offset up to ``end`` is committed (the
     ``committed_offset`` of RabbitMQ 4.3+) and ``position`` is past the
-    stream's last chunk of records, read now, so the offsets left belong to
-    offset-tracking chunks, which are never delivered. A range ending past
+    stream's last chunk of records, probed now (or it has none), so the
+    offsets left belong to offset-tracking chunks, which are never
+    delivered. A range ending past
     the committed end asks for records not written yet, and waits for them.
     ``RequestTimeout`` if the broker does not answer within ``timeout``."""
     if not client.supports("stream_stats"):
@@ -415,8 +509,8 @@ def _received_all(client: Client, stream: str, position: int, end: int,
     stats = client.stream_stats(stream, timeout=timeout)
     if "committed_offset" not in stats or end > stats["committed_offset"] + 1:
         return False
-    last_end, _ = _read_last_chunk(client, stream)
-    return last_end is not None and position >= last_end
+    (last,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_LAST)], timeout)
+    return last is None or position >= last.end
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],

@@ -3,10 +3,13 @@ needed)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import socket
 import ssl
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -15,11 +18,25 @@ import pytest
 
 import pystream
 from pystream import CertificateVerificationError, RequestTimeout
+from pystream.pool import Endpoint
 from pystream.ranges import client_for
-from pystream.spark import BrokerRef, OffsetRange, plan_ranges, read_range, split_ranges
+from pystream.spark import (
+    BrokerRef,
+    OffsetRange,
+    plan_ranges,
+    read_range,
+    split_ranges,
+)
 from pystream.spark.options import PropertyIn
 
-from .conftest import EXTERNAL_URI, MODERN_URI, TLS_URI, broker_connections, run_broker
+from .conftest import (
+    BROKERS,
+    EXTERNAL_URI,
+    MODERN_URI,
+    TLS_URI,
+    broker_connections,
+    run_broker,
+)
 from .publishers import amqp_message, publish
 
 N = 10_000
@@ -356,3 +373,170 @@ def test_paused_broker_spark_task_is_exact(colored):
             got += batch.column("offset").to_pylist()
             pause.once()
     assert got == list(range(10, PAUSED_N))
+
+
+# --- planning while the broker holds back what it owes ------------------------
+
+HOLD = 3.0  # seconds the broker stays paused: past the 1 s a probe once waited
+
+
+class HoldingProxy:
+    """A TCP proxy in front of a test broker that, at the first Deliver
+    frame it sees, pauses the broker and holds that connection's frames
+    from it for ``HOLD`` seconds, then resumes it and passes them on: a
+    broker that answered a Subscribe and is paused before it sent the
+    chunks it owes (a window too short to hit with a pause alone).
+    Requests sent meanwhile reach the paused broker and are answered after
+    it resumes, in order."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.target = pystream.parse_uri(BROKERS[node])
+        self.server = socket.create_server(("127.0.0.1", 0))
+        port = self.server.getsockname()[1]
+        self.uri = f"rabbitmq-stream://guest:guest@127.0.0.1:{port}/"
+        self.endpoint = Endpoint("127.0.0.1", port)
+        self.held = False
+        self.paused = False
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def resolve(self, endpoint: Endpoint) -> Endpoint:
+        """The address resolver: every node is reached through the proxy."""
+        return self.endpoint
+
+    def __enter__(self) -> HoldingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.close()
+        if self.paused:
+            run_broker("resume", self.node)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((self.target.host, self.target.port))
+            threading.Thread(target=self._pump, args=(downstream, upstream),
+                             daemon=True).start()
+            threading.Thread(target=self._frames, args=(upstream, downstream),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def _frames(self, source: socket.socket, sink: socket.socket) -> None:
+        header = b""  # the size and key of the next frame, as they come
+        rest = 0  # bytes of the current frame still to pass on
+        try:
+            while data := source.recv(1 << 16):
+                out, i = bytearray(), 0
+                while i < len(data):
+                    if rest:
+                        n = min(rest, len(data) - i)
+                        out += data[i:i + n]
+                        i, rest = i + n, rest - n
+                        continue
+                    take = data[i:i + 6 - len(header)]
+                    header, i = header + take, i + len(take)
+                    if len(header) < 6:
+                        break
+                    if int.from_bytes(header[4:6], "big") == 0x0008:
+                        sink.sendall(out)
+                        out.clear()
+                        self._hold()
+                    out += header
+                    rest, header = int.from_bytes(header[:4], "big") - 2, b""
+                sink.sendall(out)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def _hold(self) -> None:
+        with self.lock:
+            if self.held:
+                return
+            self.held = self.paused = True
+        run_broker("pause", self.node)
+        try:
+            time.sleep(HOLD)
+        finally:
+            run_broker("resume", self.node)
+            self.paused = False
+
+
+@pytest.fixture(params=["legacy", "modern"])
+def probed(request):
+    """A stream of N records in several chunks on each broker whose
+    planning reads chunks (3.10: the first and the last; 4.0: the last)."""
+    node = request.param
+    name = f"test-probed-{node}-{uuid.uuid4().hex[:8]}"
+    with pystream.connect(BROKERS[node]) as client:
+        client.create_stream(name)
+        try:
+            for part in range(4):
+                publish(client, name, [amqp_message(b"%05d" % i)
+                                       for i in range(part * N // 4, (part + 1) * N // 4)])
+            yield node, name
+        finally:
+            client.delete_stream(name, missing_ok=True)
+
+
+@pytest.mark.broker
+def test_plan_is_exact_while_the_broker_holds_back_chunks(probed):
+    """A plan is the stream's real bounds, however long the broker takes
+    to send the chunk a probe is owed: its end is never taken from
+    silence (a paused broker once made the plan empty)."""
+    node, stream = probed
+    with HoldingProxy(node) as proxy:
+        planned = plan_ranges(proxy.uri, [stream],
+                              connection_options={"address_resolver": proxy.resolve})
+        assert proxy.held  # the broker was paused while planning
+    assert planned == [OffsetRange(stream, 0, N)]
+
+
+@pytest.mark.broker
+def test_plan_past_its_timeout_raises(probed):
+    """A broker that stays away past the planning's timeout raises
+    ``RequestTimeout``; it never makes the plan short."""
+    node, stream = probed
+    with HoldingProxy(node) as proxy, pytest.raises(RequestTimeout):
+        plan_ranges(proxy.uri, [stream], connection_options={
+            "address_resolver": proxy.resolve, "request_timeout": 1.5})
+
+
+@pytest.mark.broker
+def test_range_of_offset_tracking_chunks_only_ends(latest_uri, latest, stream_name):
+    """A stream holding offset-tracking chunks only: 4.3's committed
+    offset plans a range over them, and the broker shows there is no chunk
+    of records to send (a subscription at "last" is sent none before the
+    answer to the next request), so the read ends empty, not at its
+    timeout."""
+    latest.create_stream(stream_name)
+    try:
+        latest.store_offset(stream_name, "reader", 0)
+        deadline = time.monotonic() + 10
+        while latest.stream_stats(stream_name)["committed_chunk_id"] < 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        planned = plan_ranges(latest_uri, [stream_name])
+        assert planned == [OffsetRange(stream_name, 0, 1)]
+        assert [b.num_rows for b in read_range(latest_uri, stream_name, 0, 1,
+                                               timeout=5)] == []
+    finally:
+        latest.delete_stream(stream_name, missing_ok=True)
