@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -36,17 +37,27 @@ from .client import Client
 from .connection import Connection
 from .credit import Credit
 from .errors import (
+    FIRST_RETRY_DELAY,
+    RECOVERABLE,
     CertificateVerificationError,
     DataLoss,
     MissingPassword,
     RequestTimeout,
     StreamError,
     StreamNotAvailable,
+    next_retry_delay,
 )
 from .offsets import offset_spec
 from .records import Filter
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+_T = TypeVar("_T")
+
+log = logging.getLogger("pystream.ranges")
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
 Bound = str | int | dt.datetime
@@ -416,9 +427,12 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
                 consumer_options: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     if end <= start:
         return
-    client = client_for(broker, connection_options)
+    progress = _Progress(start, time.monotonic())
+    client = _retried(lambda: client_for(broker, connection_options),
+                      "connecting", stream, end, timeout, progress)
     if fail_on_data_loss:
-        first = stream_first(client, stream)
+        first = _retried(lambda: stream_first(client, stream), "its first offset",
+                         stream, end, timeout, progress)
         if first is not None and first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
                            f"were removed by retention before they were read")
@@ -426,7 +440,6 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
     # previous batch (DuckDB, Spark): bulk reads gain more than a wake-up.
     consumer_options.setdefault("read_while_waiting", False)
     flt: Filter | None = consumer_options.pop("filter", None)
-    progress = _Progress(start, time.monotonic())
     if flt is not None:
         yield from _read_part(client, stream, end, timeout, progress,
                               {**consumer_options, "filter": flt},
@@ -437,61 +450,119 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
                           post=flt if flt is not None and flt.post_filter else None)
 
 
+def _retried(call: Callable[[], _T], what: str, stream: str, end: int,
+             timeout: float, progress: _Progress,
+             cause: BaseException | None = None) -> _T:
+    """``call()``, again with backoff while it fails in a way reconnecting
+    may cure (the broker restarting), until the read has made no progress
+    for ``timeout`` seconds: then ``RequestTimeout``. A success after a
+    failure (or after ``cause``) is logged as a recovery."""
+    delay, began = FIRST_RETRY_DELAY, time.monotonic()
+    while True:
+        try:
+            result = call()
+        except RECOVERABLE as exc:
+            if time.monotonic() + delay - progress.moved >= timeout:
+                raise _no_progress(stream, end, timeout, progress) from exc
+            cause = exc
+            time.sleep(delay)
+            delay = next_retry_delay(delay)
+            continue
+        if cause is not None:
+            log.warning("range read of stream %r recovered from %s: %s at offset "
+                        "%d after %.2f s", stream, cause, what, progress.position,
+                        time.monotonic() - began)
+        return result
+
+
+def _no_progress(stream: str, end: int, timeout: float,
+                 progress: _Progress) -> RequestTimeout:
+    return RequestTimeout(f"{stream!r}: no progress past offset {progress.position} "
+                          f"for {timeout:g} s; the range ends at {end}")
+
+
 def _read_part(client: Client, stream: str, end: int, timeout: float,
                progress: _Progress, options: dict[str, Any], *,
                quiet_limit: float | None = None,
                post: Filter | None = None) -> Iterator[pa.RecordBatch]:
     """Read from ``progress.position`` to ``end``, moving ``progress``; back
     early only after ``quiet_limit`` seconds without progress. ``post``
-    filters the rows here (the consumer reads unfiltered)."""
-    start = progress.position
+    filters the rows here (the consumer reads unfiltered). A consumer that
+    ends for a failure reconnecting may cure (its broker away past its own
+    recovery) is opened again at the position, within the budget."""
     # No credit for chunks past the end: a range of 500 000 records of
     # 100 B would otherwise pull as many chunks again past it. A chunk
     # holds a record at least, so a small range never pulls 64 either.
     options.setdefault("credit", Credit.adaptive(
-        max_outstanding=min(DEFAULT_OUTSTANDING, end - start), until=end))
-    checked = -math.inf
-    with client.consumer(stream, offset=start, **options) as consumer:
-        # The position also moves past chunks without records (offset
-        # tracking chunks, rows the post filter dropped), so it, not the
-        # rows, says how far the read is.
-        while progress.position < end:
-            batch = next(iter(consumer.batches(POLL)), None)
-            now = time.monotonic()
-            if batch is not None:
-                offsets = batch.column(0).to_numpy()
-                keep = int(np.searchsorted(offsets, end))
-                part = batch if keep == batch.num_rows else batch.slice(0, keep)
-                if post is not None:
-                    part = post.apply(part)
-                if part.num_rows:
-                    yield part
-                if keep < batch.num_rows:
-                    progress.position = end
-                    return
-            position = consumer.position
-            if batch is not None or (position is not None and position > progress.position):
-                progress.position = max(progress.position, position or start)
-                progress.moved = now
-                checked = -math.inf
-                continue
-            quiet = now - progress.moved
-            if quiet_limit is not None and quiet >= quiet_limit:
+        max_outstanding=min(DEFAULT_OUTSTANDING, end - progress.position), until=end))
+    delay = FIRST_RETRY_DELAY
+    cause: BaseException | None = None
+    while True:
+        consumer = _retried(
+            lambda: client.consumer(stream, offset=progress.position, **options),
+            "subscribed", stream, end, timeout, progress, cause)
+        try:
+            with consumer:
+                yield from _consume(client, consumer, stream, end, timeout, progress,
+                                    quiet_limit, post)
+            return
+        except RECOVERABLE as exc:
+            # Everything before the position was handed over: read on from it.
+            if time.monotonic() + delay - progress.moved >= timeout:
+                raise _no_progress(stream, end, timeout, progress) from exc
+            cause = exc
+        time.sleep(delay)
+        delay = next_retry_delay(delay)
+
+
+def _consume(client: Client, consumer: Consumer, stream: str, end: int,
+             timeout: float, progress: _Progress, quiet_limit: float | None,
+             post: Filter | None) -> Iterator[pa.RecordBatch]:
+    """``_read_part`` 's reading with one consumer."""
+    start = progress.position
+    next_check, retry = -math.inf, FIRST_RETRY_DELAY
+    # The position also moves past chunks without records (offset
+    # tracking chunks, rows the post filter dropped), so it, not the
+    # rows, says how far the read is.
+    while progress.position < end:
+        batch = next(iter(consumer.batches(POLL)), None)
+        now = time.monotonic()
+        if batch is not None:
+            offsets = batch.column(0).to_numpy()
+            keep = int(np.searchsorted(offsets, end))
+            part = batch if keep == batch.num_rows else batch.slice(0, keep)
+            if post is not None:
+                part = post.apply(part)
+            if part.num_rows:
+                yield part
+            if keep < batch.num_rows:
+                progress.position = end
                 return
-            if quiet >= timeout:
-                raise RequestTimeout(
-                    f"{stream!r}: no progress past offset {progress.position} "
-                    f"for {timeout:g} s; the range ends at {end}")
-            if now - checked >= CHECK_EVERY:
-                checked = now
-                try:
-                    done = _received_all(client, stream, progress.position, end,
-                                         max(POLL, timeout - quiet))
-                except RequestTimeout:
-                    continue  # a broker that does not answer: the budget decides
-                if done:
-                    progress.position = end
-                    return
+        position = consumer.position
+        if batch is not None or (position is not None and position > progress.position):
+            progress.position = max(progress.position, position or start)
+            progress.moved = now
+            next_check, retry = -math.inf, FIRST_RETRY_DELAY
+            continue
+        quiet = now - progress.moved
+        if quiet_limit is not None and quiet >= quiet_limit:
+            return
+        if quiet >= timeout:
+            raise _no_progress(stream, end, timeout, progress)
+        if now < next_check:
+            continue
+        try:
+            done = _received_all(client, stream, progress.position, end,
+                                 max(POLL, timeout - quiet))
+        except RECOVERABLE:
+            # The broker away or silent (a restart, a pause): asked again
+            # with backoff; the budget decides, as for the consumer.
+            next_check, retry = now + retry, next_retry_delay(retry)
+            continue
+        if done:
+            progress.position = end
+            return
+        next_check, retry = now + CHECK_EVERY, FIRST_RETRY_DELAY
 
 
 def _received_all(client: Client, stream: str, position: int, end: int,

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import pystream
-from pystream import CertificateVerificationError, RequestTimeout
+from pystream import CertificateVerificationError, ConnectionLost, RequestTimeout
 from pystream.pool import Endpoint
 from pystream.ranges import client_for
 from pystream.spark import (
@@ -540,3 +540,38 @@ def test_range_of_offset_tracking_chunks_only_ends(latest_uri, latest, stream_na
                                                timeout=5)] == []
     finally:
         latest.delete_stream(stream_name, missing_ok=True)
+
+
+# --- a broker away (restarting) in mid-read -------------------------------------
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("away", ["consumer", "supports"])
+def test_range_read_rides_out_a_broker_away(modern, modern_stream, monkeypatch, away):
+    """What a range read asks of the broker besides its consumer's reading
+    (opening the consumer; the idle check, whose admin connection reopens
+    while the node is down) fails for a while as during a restart: it is
+    asked again with backoff within ``timeout``, and the read returns every
+    record of the range once. The second half is written while it fails."""
+    half = 100
+    publish(modern, modern_stream, [amqp_message(b"%05d" % i) for i in range(half)])
+    client = client_for(MODERN_URI)
+    back = time.monotonic() + 2.5
+    real = getattr(client, away)
+
+    def restarting(*args, **kwargs):
+        if time.monotonic() < back:
+            raise ConnectionLost("injected: the node is restarting")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, away, restarting)
+    writer = threading.Timer(1.5, publish, (modern, modern_stream, [
+        amqp_message(b"%05d" % i) for i in range(half, 2 * half)]))
+    writer.start()
+    try:
+        got = [b.column("body").to_pylist()
+               for b in read_range(MODERN_URI, modern_stream, 0, 2 * half, timeout=20,
+                                   amqp=True, body="binary")]
+    finally:
+        writer.join()
+    assert sum(got, []) == [b"%05d" % i for i in range(2 * half)]
