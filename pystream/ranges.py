@@ -462,17 +462,25 @@ def _retried(call: Callable[[], _T], what: str, stream: str, end: int,
         try:
             result = call()
         except RECOVERABLE as exc:
-            if time.monotonic() + delay - progress.moved >= timeout:
-                raise _no_progress(stream, end, timeout, progress) from exc
             cause = exc
-            time.sleep(delay)
-            delay = next_retry_delay(delay)
+            delay = _back_off(delay, exc, stream, end, timeout, progress)
             continue
         if cause is not None:
             log.warning("range read of stream %r recovered from %s: %s at offset "
                         "%d after %.2f s", stream, cause, what, progress.position,
                         time.monotonic() - began)
         return result
+
+
+def _back_off(delay: float, exc: BaseException, stream: str, end: int,
+              timeout: float, progress: _Progress) -> float:
+    """Wait ``delay`` after ``exc`` and return the next delay, or raise
+    ``RequestTimeout`` if that would take the read past ``timeout`` seconds
+    without progress."""
+    if time.monotonic() + delay - progress.moved >= timeout:
+        raise _no_progress(stream, end, timeout, progress) from exc
+    time.sleep(delay)
+    return next_retry_delay(delay)
 
 
 def _no_progress(stream: str, end: int, timeout: float,
@@ -508,11 +516,8 @@ def _read_part(client: Client, stream: str, end: int, timeout: float,
             return
         except RECOVERABLE as exc:
             # Everything before the position was handed over: read on from it.
-            if time.monotonic() + delay - progress.moved >= timeout:
-                raise _no_progress(stream, end, timeout, progress) from exc
             cause = exc
-        time.sleep(delay)
-        delay = next_retry_delay(delay)
+            delay = _back_off(delay, exc, stream, end, timeout, progress)
 
 
 def _consume(client: Client, consumer: Consumer, stream: str, end: int,

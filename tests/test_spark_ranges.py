@@ -11,6 +11,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -427,20 +428,27 @@ class HoldingProxy:
 
     @staticmethod
     def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
+        with HoldingProxy._ends(source, sink):
             while data := source.recv(1 << 16):
                 sink.sendall(data)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _ends(*sockets: socket.socket) -> Iterator[None]:
+        """Shut both sides down when one ends (or fails)."""
+        try:
+            yield
         except OSError:
             pass
         finally:
-            for s in (source, sink):
+            for s in sockets:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
     def _frames(self, source: socket.socket, sink: socket.socket) -> None:
         header = b""  # the size and key of the next frame, as they come
         rest = 0  # bytes of the current frame still to pass on
-        try:
+        with self._ends(source, sink):
             while data := source.recv(1 << 16):
                 out, i = bytearray(), 0
                 while i < len(data):
@@ -460,12 +468,6 @@ class HoldingProxy:
                     out += header
                     rest, header = int.from_bytes(header[:4], "big") - 2, b""
                 sink.sendall(out)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
 
     def _hold(self) -> None:
         with self.lock:
