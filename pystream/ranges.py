@@ -313,16 +313,18 @@ def _probe(client: Client, stream: str, specs: list[P.OffsetSpec],
     comes with no chunk before it, the stream has no chunk of records
     there. ``RequestTimeout`` if the broker does not answer within
     ``timeout`` seconds (None: the connection's ``request_timeout``)."""
-    address = client.pool.address_of(client.locate(stream))
-    # A connection of its own: closing it ends the probe's subscriptions
-    # however far they got, with nothing late for another subscription.
-    conn = Connection(address, **client.pool.options)
-    conn.open()
-    deadline = time.monotonic() + (conn.request_timeout if timeout is None else timeout)
+    deadline = time.monotonic() + (
+        client.connection.request_timeout if timeout is None else timeout)
 
     def left() -> float:
         return max(0.0, deadline - time.monotonic())
 
+    address = client.pool.address_of(client.locate(stream, timeout=left()))
+    # A connection of its own: closing it ends the probe's subscriptions
+    # however far they got, with nothing late for another subscription.
+    conn = Connection(address, **client.pool.options)
+    conn.connect_timeout = max(min(conn.connect_timeout, left()), 0.01)
+    conn.open()
     sinks: dict[int, _ProbeSink] = {}
     try:
         for spec in specs:
