@@ -138,10 +138,12 @@ class Admin:
         self.pool.close()
         self._connection.close()
 
-    def locate(self, stream: str, *, replica: bool = True) -> Endpoint:
+    def locate(self, stream: str, *, replica: bool = True,
+               timeout: float | None = None) -> Endpoint:
         """The node to read ``stream`` from: a replica when there is one and
-        ``replica`` is true, else the leader."""
-        info = self.metadata(stream)[stream]
+        ``replica`` is true, else the leader. ``timeout`` as for
+        ``metadata``."""
+        info = self.metadata(stream, timeout=timeout)[stream]
         if info.error is not None:
             raise info.error
         if replica and info.replicas:
@@ -202,11 +204,14 @@ class Admin:
         info = self.metadata(stream)[stream]
         return not isinstance(info.error, StreamDoesNotExist)
 
-    def metadata(self, *streams: str) -> dict[str, StreamInfo]:
+    def metadata(self, *streams: str,
+                 timeout: float | None = None) -> dict[str, StreamInfo]:
         """Each stream's leader and replicas (``StreamInfo``); a missing stream's
-        entry has ``error`` set rather than raising."""
+        entry has ``error`` set rather than raising. ``RequestTimeout`` after
+        ``timeout`` seconds (None: the connection's ``request_timeout``)."""
         answer = self.connection.query(P.MetadataResponse, lambda c: P.Metadata(c, streams),
-                                       f"metadata of {', '.join(streams)}")
+                                       f"metadata of {', '.join(streams)}",
+                                       timeout=timeout)
         brokers = {b.reference: Endpoint(b.host, b.port) for b in answer.brokers}
         if brokers:
             self._nodes = tuple(brokers.values())

@@ -16,26 +16,48 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
 
+from . import protocol as P
+from ._core import Chunk
 from ._core import schema as core_schema
 from .arrow import ArrowStream
 from .client import Client
+from .connection import Connection
 from .credit import Credit
-from .errors import CertificateVerificationError, DataLoss, MissingPassword, RequestTimeout
+from .errors import (
+    FIRST_RETRY_DELAY,
+    RECOVERABLE,
+    CertificateVerificationError,
+    DataLoss,
+    MissingPassword,
+    RequestTimeout,
+    StreamError,
+    StreamNotAvailable,
+    next_retry_delay,
+)
+from .offsets import offset_spec
 from .records import Filter
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+_T = TypeVar("_T")
+
+log = logging.getLogger("pystream.ranges")
 
 #: ``"earliest"``, ``"latest"``, an offset, or a ``datetime``.
 Bound = str | int | dt.datetime
@@ -46,9 +68,9 @@ POLL = 0.2  # seconds between looks at the position while no records come
 FILTERED_QUIET = 2.0
 #: Seconds between questions to the broker while a range read hears nothing.
 CHECK_EVERY = 1.0
-PROBE_TIMEOUT = 1.0  # how long a tail probe waits for a stream's last chunk
-#: How long a timestamp probe waits for the chunk the broker must send.
-TIMESTAMP_PROBE_TIMEOUT = 10.0
+#: How long ``pystream dump``'s first-record probe waits.
+PROBE_TIMEOUT = 1.0
+CHUNK_USER = 0  # the chunk type of records (1 and 2: offset tracking)
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
 MIN_RANGE = 100_000
@@ -194,75 +216,159 @@ def _client_for_ref(broker: BrokerRef, options: dict[str, Any]) -> Client:
             "or BrokerRef(ca_file=...)") from exc.__cause__
 
 
-def stream_bounds(client: Client, stream: str, *, exact: bool = True) -> StreamBounds:
-    """The stream's first offset and the end of its last committed chunk.
-    Where the broker's statistics carry ``committed_offset`` (4.3+) they
-    give both; otherwise the first offset comes from the statistics (3.11+)
-    or a read of the first record, and the end from a read of the last chunk
-    (``exact=False`` forces that probe, to compare the two)."""
-    stats = client.stream_stats(stream) if client.supports("stream_stats") else None
+def stream_bounds(client: Client, stream: str, *, exact: bool = True,
+                  timeout: float | None = None) -> StreamBounds:
+    """The stream's first offset and the end of its last committed chunk of
+    records, as the broker tells them, never from its silence. Where the
+    broker's statistics carry ``committed_offset`` (4.3+) they give both;
+    otherwise the first offset comes from the statistics (3.11+) or the
+    chunk a subscription at ``"first"`` is sent, and the end from the chunk
+    one at ``"last"`` is sent (``exact=False`` forces that probe, to
+    compare the two; see ``_probe`` for how the broker tells that it has no
+    such chunk). ``RequestTimeout`` if the broker does not answer within
+    ``timeout`` seconds (None: the connection's ``request_timeout``)."""
+    stats = (client.stream_stats(stream, timeout=timeout)
+             if client.supports("stream_stats") else None)
     if exact and stats is not None and "committed_offset" in stats:
         if stats.get("committed_chunk_id", -1) < 0 or stats["committed_offset"] < 0:
             return StreamBounds(0, 0, None)
         end = stats["committed_offset"] + 1
         return StreamBounds(min(stats["first_chunk_id"], end), end, None)
-    first = _first_of(client, stream, stats)
-    if first is None:
-        return StreamBounds(0, 0, None)
-    last_end, last_timestamp = _read_last_chunk(client, stream)
-    # offset-tracking chunks only (None): no record to read
-    end = first if last_end is None else last_end
-    return StreamBounds(min(first, end), end, last_timestamp)
-
-
-def stream_first(client: Client, stream: str) -> int | None:
-    """The stream's first offset (None if it holds no record)."""
-    stats = client.stream_stats(stream) if client.supports("stream_stats") else None
-    return _first_of(client, stream, stats)
-
-
-def _first_of(client: Client, stream: str, stats: dict[str, int] | None) -> int | None:
     if stats is not None:
+        if stats.get("committed_chunk_id", -1) < 0:
+            return StreamBounds(0, 0, None)
+        first: int = stats["first_chunk_id"]
+        (last,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_LAST)], timeout)
+    else:
+        head, last = _probe(client, stream, [P.OffsetSpec(P.OFFSET_FIRST),
+                                             P.OffsetSpec(P.OFFSET_LAST)], timeout)
+        if head is None:
+            return StreamBounds(0, 0, None)
+        first = head.first
+    if last is None:  # offset-tracking chunks only: no record to read
+        return StreamBounds(first, first, None)
+    return StreamBounds(min(first, last.end), last.end, last.timestamp)
+
+
+def stream_first(client: Client, stream: str, *,
+                 timeout: float | None = None) -> int | None:
+    """The stream's first offset (None if it holds no record)."""
+    if client.supports("stream_stats"):
+        stats = client.stream_stats(stream, timeout=timeout)
         return None if stats.get("committed_chunk_id", -1) < 0 else stats["first_chunk_id"]
-    with client.consumer(stream, offset="first", amqp=False) as consumer:
-        head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
-    return head[0].as_py() if len(head) else None
+    (head,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_FIRST)], timeout)
+    return None if head is None else head.first
 
 
-def _read_last_chunk(client: Client, stream: str) -> tuple[int | None, dt.datetime | None]:
-    # "last" attaches to the last user chunk; the position after it is the
-    # end (chunks appended meanwhile only move it further, which is as true).
-    with client.consumer(stream, offset="last", amqp=False) as consumer:
-        for batch in consumer.batches(timeout=PROBE_TIMEOUT):
-            stamp = batch.column(1)[batch.num_rows - 1].as_py()
-            return consumer.position, stamp
-    return None, None
+@dataclass(frozen=True)
+class _Head:
+    """The first chunk of records the broker sent a probe's subscription."""
+
+    first: int  # its first offset
+    end: int  # the offset after it
+    timestamp: dt.datetime
+
+
+class _ProbeSink:
+    """A probe's subscription (``SubscriptionSink``): what the reader thread
+    hands it, kept until the probe looks."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.head: _Head | None = None
+        self.others = 0  # offset-tracking chunks, should the broker send any
+        self.error: StreamError | None = None
+
+    def on_chunks(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            if chunk.chunk_type != CHUNK_USER:
+                self.others += 1
+            elif self.head is None:
+                self.head = _Head(chunk.first_offset, chunk.next_offset,
+                                  dt.datetime.fromtimestamp(chunk.timestamp / 1000, dt.UTC))
+
+    def on_chunk_error(self, error: StreamError) -> None:
+        self.error = error
+
+    def on_consumer_update(self, correlation_id: int, active: bool) -> None:
+        pass  # never single active
+
+    def on_metadata_update(self, code: int) -> None:
+        self.error = StreamNotAvailable(
+            f"{self.stream!r} moved or went away while probed (code {code:#x})")
+
+    def on_connection_closed(self, error: StreamError | None) -> None:
+        if error is not None:  # None: the probe closed it
+            self.error = error
+
+
+def _probe(client: Client, stream: str, specs: list[P.OffsetSpec],
+           timeout: float | None) -> list[_Head | None]:
+    """For each of ``specs``, the first chunk of records the broker sends a
+    subscription there, or None when it has none to send, which the broker
+    establishes, not silence: it sends a new subscription the chunks it
+    holds (up to its credit, skipping offset-tracking chunks) while it
+    handles Subscribe, before it reads the next request on that
+    connection; so when the answer to a request sent after the Subscribes
+    comes with no chunk before it, the stream has no chunk of records
+    there. ``RequestTimeout`` if the broker does not answer within
+    ``timeout`` seconds (None: the connection's ``request_timeout``)."""
+    deadline = time.monotonic() + (
+        client.connection.request_timeout if timeout is None else timeout)
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    address = client.pool.address_of(client.locate(stream, timeout=left()))
+    # A connection of its own: closing it ends the probe's subscriptions
+    # however far they got, with nothing late for another subscription.
+    conn = Connection(address, **client.pool.options)
+    conn.connect_timeout = max(min(conn.connect_timeout, left()), 0.01)
+    conn.open()
+    sinks: dict[int, _ProbeSink] = {}
+    try:
+        for spec in specs:
+            sink = _ProbeSink(stream)
+            sinks[_subscribe_probe(conn, sink, spec, left())] = sink
+        while True:
+            conn.query(P.MetadataResponse, lambda c: P.Metadata(c, (stream,)),
+                       f"metadata of {stream!r} after probing it", timeout=left())
+            waiting = [i for i, s in sinks.items() if s.head is None and s.others]
+            if not waiting:
+                break
+            for i in waiting:  # the credit went on a tracking chunk: one more
+                sinks[i].others = 0
+                conn.send(P.Credit(i, 1))
+    finally:
+        conn.request_timeout = left()  # the polite close within the budget too
+        conn.close()
+    for sink in sinks.values():
+        if sink.error is not None:
+            raise sink.error
+    return [sink.head for sink in sinks.values()]
+
+
+def _subscribe_probe(conn: Connection, sink: _ProbeSink, spec: P.OffsetSpec,
+                     timeout: float) -> int:
+    """Subscribe ``sink`` at ``spec`` with a credit of one chunk; its id."""
+    sub_id = conn.add_subscription(sink, amqp=False)
+    conn.request(lambda c: P.Subscribe(c, sub_id, sink.stream, spec, 1),
+                 f"subscribe to {sink.stream!r} to probe it", timeout=timeout)
+    return sub_id
 
 
 def offset_at(client: Client, stream: str, when: dt.datetime,
-              bounds: StreamBounds) -> int:
+              bounds: StreamBounds, *, timeout: float | None = None) -> int:
     """The first offset of the first chunk stored at or after ``when`` (the
-    stream's end if none is): the broker's answer on 4.3+, else a probe.
-    ``RequestTimeout`` if the chunk the probe must receive does not come."""
+    stream's end if none is): the broker's answer on 4.3+, else the chunk a
+    subscription at ``when`` is sent (``_probe``). ``RequestTimeout`` if
+    the broker does not answer within ``timeout`` seconds."""
     if bounds.end <= bounds.first:
         return bounds.end
     if client.supports("resolve_offset_spec"):
         return min(client.resolve_offset(stream, when), bounds.end)
-    last = bounds.last_timestamp
-    if last is None:  # the broker gave the end: read the last chunk's time
-        _, last = _read_last_chunk(client, stream)
-    if last is not None and when > last:
-        return bounds.end
-    # A chunk at or after ``when`` exists (or none could be read to tell):
-    # the broker sends it at once, so silence is an error, not the end.
-    with client.consumer(stream, offset=when, amqp=False) as consumer:
-        head = consumer.read(1, timeout=TIMESTAMP_PROBE_TIMEOUT).column(0)
-    if not len(head):
-        raise RequestTimeout(
-            f"{stream!r}: no chunk stored at or after {when.isoformat()} came "
-            f"within {TIMESTAMP_PROBE_TIMEOUT:g} s")
-    first: int = head[0].as_py()
-    return min(first, bounds.end)
+    (head,) = _probe(client, stream, [offset_spec(when)], timeout)
+    return bounds.end if head is None else min(head.first, bounds.end)
 
 
 def resolve(bound: Bound, client: Client, stream: str, bounds: StreamBounds) -> int:
@@ -323,9 +429,12 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
                 consumer_options: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     if end <= start:
         return
-    client = client_for(broker, connection_options)
+    progress = _Progress(start, time.monotonic())
+    client = _retried(lambda: client_for(broker, connection_options),
+                      "connecting", stream, end, timeout, progress)
     if fail_on_data_loss:
-        first = stream_first(client, stream)
+        first = _retried(lambda: stream_first(client, stream), "its first offset",
+                         stream, end, timeout, progress)
         if first is not None and first > start:
             raise DataLoss(f"{stream!r}: offsets {start} to {min(first, end) - 1} "
                            f"were removed by retention before they were read")
@@ -333,7 +442,6 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
     # previous batch (DuckDB, Spark): bulk reads gain more than a wake-up.
     consumer_options.setdefault("read_while_waiting", False)
     flt: Filter | None = consumer_options.pop("filter", None)
-    progress = _Progress(start, time.monotonic())
     if flt is not None:
         yield from _read_part(client, stream, end, timeout, progress,
                               {**consumer_options, "filter": flt},
@@ -344,61 +452,124 @@ def _read_range(broker: Broker, stream: str, start: int, end: int, timeout: floa
                           post=flt if flt is not None and flt.post_filter else None)
 
 
+def _retried(call: Callable[[], _T], what: str, stream: str, end: int,
+             timeout: float, progress: _Progress,
+             cause: BaseException | None = None) -> _T:
+    """``call()``, again with backoff while it fails in a way reconnecting
+    may cure (the broker restarting), until the read has made no progress
+    for ``timeout`` seconds: then ``RequestTimeout``. A success after a
+    failure (or after ``cause``) is logged as a recovery."""
+    delay, began = FIRST_RETRY_DELAY, time.monotonic()
+    while True:
+        try:
+            result = call()
+        except RECOVERABLE as exc:
+            cause = exc
+            delay = _back_off(delay, exc, stream, end, timeout, progress)
+            continue
+        if cause is not None:
+            log.warning("range read of stream %r recovered from %s: %s at offset "
+                        "%d after %.2f s", stream, cause, what, progress.position,
+                        time.monotonic() - began)
+        return result
+
+
+def _back_off(delay: float, exc: BaseException, stream: str, end: int,
+              timeout: float, progress: _Progress) -> float:
+    """Wait ``delay`` after ``exc`` and return the next delay, or raise
+    ``RequestTimeout`` if that would take the read past ``timeout`` seconds
+    without progress."""
+    if time.monotonic() + delay - progress.moved >= timeout:
+        raise _no_progress(stream, end, timeout, progress) from exc
+    time.sleep(delay)
+    return next_retry_delay(delay)
+
+
+def _no_progress(stream: str, end: int, timeout: float,
+                 progress: _Progress) -> RequestTimeout:
+    return RequestTimeout(f"{stream!r}: no progress past offset {progress.position} "
+                          f"for {timeout:g} s; the range ends at {end}")
+
+
 def _read_part(client: Client, stream: str, end: int, timeout: float,
                progress: _Progress, options: dict[str, Any], *,
                quiet_limit: float | None = None,
                post: Filter | None = None) -> Iterator[pa.RecordBatch]:
     """Read from ``progress.position`` to ``end``, moving ``progress``; back
     early only after ``quiet_limit`` seconds without progress. ``post``
-    filters the rows here (the consumer reads unfiltered)."""
-    start = progress.position
+    filters the rows here (the consumer reads unfiltered). A consumer that
+    ends for a failure reconnecting may cure (its broker away past its own
+    recovery) is opened again at the position, within the budget."""
     # No credit for chunks past the end: a range of 500 000 records of
     # 100 B would otherwise pull as many chunks again past it. A chunk
     # holds a record at least, so a small range never pulls 64 either.
     options.setdefault("credit", Credit.adaptive(
-        max_outstanding=min(DEFAULT_OUTSTANDING, end - start), until=end))
-    checked = -math.inf
-    with client.consumer(stream, offset=start, **options) as consumer:
-        # The position also moves past chunks without records (offset
-        # tracking chunks, rows the post filter dropped), so it, not the
-        # rows, says how far the read is.
-        while progress.position < end:
-            batch = next(iter(consumer.batches(POLL)), None)
-            now = time.monotonic()
-            if batch is not None:
-                offsets = batch.column(0).to_numpy()
-                keep = int(np.searchsorted(offsets, end))
-                part = batch if keep == batch.num_rows else batch.slice(0, keep)
-                if post is not None:
-                    part = post.apply(part)
-                if part.num_rows:
-                    yield part
-                if keep < batch.num_rows:
-                    progress.position = end
-                    return
-            position = consumer.position
-            if batch is not None or (position is not None and position > progress.position):
-                progress.position = max(progress.position, position or start)
-                progress.moved = now
-                checked = -math.inf
-                continue
-            quiet = now - progress.moved
-            if quiet_limit is not None and quiet >= quiet_limit:
+        max_outstanding=min(DEFAULT_OUTSTANDING, end - progress.position), until=end))
+    delay = FIRST_RETRY_DELAY
+    cause: BaseException | None = None
+    while True:
+        consumer = _retried(
+            lambda: client.consumer(stream, offset=progress.position, **options),
+            "subscribed", stream, end, timeout, progress, cause)
+        try:
+            with consumer:
+                yield from _consume(client, consumer, stream, end, timeout, progress,
+                                    quiet_limit, post)
+            return
+        except RECOVERABLE as exc:
+            # Everything before the position was handed over: read on from it.
+            cause = exc
+            delay = _back_off(delay, exc, stream, end, timeout, progress)
+
+
+def _consume(client: Client, consumer: Consumer, stream: str, end: int,
+             timeout: float, progress: _Progress, quiet_limit: float | None,
+             post: Filter | None) -> Iterator[pa.RecordBatch]:
+    """``_read_part`` 's reading with one consumer."""
+    start = progress.position
+    next_check, retry = -math.inf, FIRST_RETRY_DELAY
+    # The position also moves past chunks without records (offset
+    # tracking chunks, rows the post filter dropped), so it, not the
+    # rows, says how far the read is.
+    while progress.position < end:
+        batch = next(iter(consumer.batches(POLL)), None)
+        now = time.monotonic()
+        if batch is not None:
+            offsets = batch.column(0).to_numpy()
+            keep = int(np.searchsorted(offsets, end))
+            part = batch if keep == batch.num_rows else batch.slice(0, keep)
+            if post is not None:
+                part = post.apply(part)
+            if part.num_rows:
+                yield part
+            if keep < batch.num_rows:
+                progress.position = end
                 return
-            if quiet >= timeout:
-                raise RequestTimeout(
-                    f"{stream!r}: no progress past offset {progress.position} "
-                    f"for {timeout:g} s; the range ends at {end}")
-            if now - checked >= CHECK_EVERY:
-                checked = now
-                try:
-                    done = _received_all(client, stream, progress.position, end,
-                                         max(POLL, timeout - quiet))
-                except RequestTimeout:
-                    continue  # a broker that does not answer: the budget decides
-                if done:
-                    progress.position = end
-                    return
+        position = consumer.position
+        if batch is not None or (position is not None and position > progress.position):
+            progress.position = max(progress.position, position or start)
+            progress.moved = now
+            next_check, retry = -math.inf, FIRST_RETRY_DELAY
+            continue
+        quiet = now - progress.moved
+        if quiet_limit is not None and quiet >= quiet_limit:
+            return
+        if quiet >= timeout:
+            raise _no_progress(stream, end, timeout, progress)
+        if now < next_check:
+            continue
+        try:
+            done = _received_all(client, stream, progress.position, end,
+                                 max(POLL, timeout - quiet))
+        except RECOVERABLE:
+            # The broker away or silent (a restart, a pause): asked again
+            # with backoff; the budget decides, as for the consumer.
+            next_check, retry = now + retry, next_retry_delay(retry)
+            continue
+        if done:
+            progress.position = end
+            return
+        next_check, retry = now + CHECK_EVERY, FIRST_RETRY_DELAY
 
 
 def _received_all(client: Client, stream: str, position: int, end: int,
@@ -406,8 +577,9 @@ def _received_all(client: Client, stream: str, position: int, end: int,
     """Whether the broker shows that no record of ``[position, end)`` is
     left to receive: every offset up to ``end`` is committed (the
     ``committed_offset`` of RabbitMQ 4.3+) and ``position`` is past the
-    stream's last chunk of records, read now, so the offsets left belong to
-    offset-tracking chunks, which are never delivered. A range ending past
+    stream's last chunk of records, probed now (or it has none), so the
+    offsets left belong to offset-tracking chunks, which are never
+    delivered. A range ending past
     the committed end asks for records not written yet, and waits for them.
     ``RequestTimeout`` if the broker does not answer within ``timeout``."""
     if not client.supports("stream_stats"):
@@ -415,8 +587,8 @@ def _received_all(client: Client, stream: str, position: int, end: int,
     stats = client.stream_stats(stream, timeout=timeout)
     if "committed_offset" not in stats or end > stats["committed_offset"] + 1:
         return False
-    last_end, _ = _read_last_chunk(client, stream)
-    return last_end is not None and position >= last_end
+    (last,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_LAST)], timeout)
+    return last is None or position >= last.end
 
 
 def plan_ranges(broker: Broker, streams: Iterable[str],

@@ -15,9 +15,8 @@ Faults:
              ``rabbitmqctl close_all_user_connections``)
   pause      the node is stopped (SIGSTOP) for PAUSE seconds: past the
              clients' 1 s heartbeat (lost after 2 s) and every idle
-             threshold in pystream (``ranges.FILTERED_IDLE`` and
-             ``FIRST_CHUNK_WAIT`` 2 s, ``PROBE_TIMEOUT`` and
-             ``subscription.IDLE_SECONDS`` 1 s)
+             threshold in pystream (``ranges.FILTERED_QUIET`` 2 s,
+             ``ranges.CHECK_EVERY`` and ``subscription.IDLE_SECONDS`` 1 s)
   restart    the node is stopped and started again
   exception  the application raises mid-way (its processing of a batch,
              a post filter, the rows handed to the sink) and carries on as

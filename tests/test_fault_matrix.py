@@ -31,9 +31,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("range", "pause"): "read_range handed a chunk twice after the connection was "
                         "lost to the heartbeat (seen in one run, on a loaded machine)",
     ("range-filtered", "pause"): "as range/pause",
-    ("range", "restart"): "read_range raises ConnectionLost from its idle check's "
-                          "admin call while the node is down (each retry too)",
-    ("range-filtered", "restart"): "as range/restart",
 }
 
 

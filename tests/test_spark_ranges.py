@@ -7,6 +7,7 @@ import os
 import pickle
 import ssl
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -14,12 +15,26 @@ import pyarrow as pa
 import pytest
 
 import pystream
-from pystream import CertificateVerificationError, RequestTimeout
+from pystream import CertificateVerificationError, ConnectionLost, RequestTimeout
 from pystream.ranges import client_for
-from pystream.spark import BrokerRef, OffsetRange, plan_ranges, read_range, split_ranges
+from pystream.spark import (
+    BrokerRef,
+    OffsetRange,
+    plan_ranges,
+    read_range,
+    split_ranges,
+)
 from pystream.spark.options import PropertyIn
 
-from .conftest import EXTERNAL_URI, MODERN_URI, TLS_URI, broker_connections, run_broker
+from .conftest import (
+    BROKERS,
+    EXTERNAL_URI,
+    MODERN_URI,
+    TLS_URI,
+    broker_connections,
+    run_broker,
+)
+from .holding import HoldingProxy
 from .publishers import amqp_message, publish
 
 N = 10_000
@@ -356,3 +371,103 @@ def test_paused_broker_spark_task_is_exact(colored):
             got += batch.column("offset").to_pylist()
             pause.once()
     assert got == list(range(10, PAUSED_N))
+
+
+# --- planning while the broker holds back what it owes ------------------------
+
+
+@pytest.fixture(params=["legacy", "modern"])
+def probed(request):
+    """A stream of N records in several chunks on each broker whose
+    planning reads chunks (3.10: the first and the last; 4.0: the last)."""
+    node = request.param
+    name = f"test-probed-{node}-{uuid.uuid4().hex[:8]}"
+    with pystream.connect(BROKERS[node]) as client:
+        client.create_stream(name)
+        try:
+            for part in range(4):
+                publish(client, name, [amqp_message(b"%05d" % i)
+                                       for i in range(part * N // 4, (part + 1) * N // 4)])
+            yield node, name
+        finally:
+            client.delete_stream(name, missing_ok=True)
+
+
+@pytest.mark.broker
+def test_plan_is_exact_while_the_broker_holds_back_chunks(probed):
+    """A plan is the stream's real bounds, however long the broker takes
+    to send the chunk a probe is owed: its end is never taken from
+    silence (a paused broker once made the plan empty)."""
+    node, stream = probed
+    with HoldingProxy(node) as proxy:
+        planned = plan_ranges(proxy.uri, [stream],
+                              connection_options={"address_resolver": proxy.resolve})
+        assert proxy.held  # the broker was paused while planning
+    assert planned == [OffsetRange(stream, 0, N)]
+
+
+@pytest.mark.broker
+def test_plan_past_its_timeout_raises(probed):
+    """A broker that stays away past the planning's timeout raises
+    ``RequestTimeout``; it never makes the plan short."""
+    node, stream = probed
+    with HoldingProxy(node) as proxy, pytest.raises(RequestTimeout):
+        plan_ranges(proxy.uri, [stream], connection_options={
+            "address_resolver": proxy.resolve, "request_timeout": 1.5})
+
+
+@pytest.mark.broker
+def test_range_of_offset_tracking_chunks_only_ends(latest_uri, latest, stream_name):
+    """A stream holding offset-tracking chunks only: 4.3's committed
+    offset plans a range over them, and the broker shows there is no chunk
+    of records to send (a subscription at "last" is sent none before the
+    answer to the next request), so the read ends empty, not at its
+    timeout."""
+    latest.create_stream(stream_name)
+    try:
+        latest.store_offset(stream_name, "reader", 0)
+        deadline = time.monotonic() + 10
+        while latest.stream_stats(stream_name)["committed_chunk_id"] < 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        planned = plan_ranges(latest_uri, [stream_name])
+        assert planned == [OffsetRange(stream_name, 0, 1)]
+        assert [b.num_rows for b in read_range(latest_uri, stream_name, 0, 1,
+                                               timeout=5)] == []
+    finally:
+        latest.delete_stream(stream_name, missing_ok=True)
+
+
+# --- a broker away (restarting) in mid-read -------------------------------------
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("away", ["consumer", "supports"])
+def test_range_read_rides_out_a_broker_away(modern, modern_stream, monkeypatch, away):
+    """What a range read asks of the broker besides its consumer's reading
+    (opening the consumer; the idle check, whose admin connection reopens
+    while the node is down) fails for a while as during a restart: it is
+    asked again with backoff within ``timeout``, and the read returns every
+    record of the range once. The second half is written while it fails."""
+    half = 100
+    publish(modern, modern_stream, [amqp_message(b"%05d" % i) for i in range(half)])
+    client = client_for(MODERN_URI)
+    back = time.monotonic() + 2.5
+    real = getattr(client, away)
+
+    def restarting(*args, **kwargs):
+        if time.monotonic() < back:
+            raise ConnectionLost("injected: the node is restarting")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, away, restarting)
+    writer = threading.Timer(1.5, publish, (modern, modern_stream, [
+        amqp_message(b"%05d" % i) for i in range(half, 2 * half)]))
+    writer.start()
+    try:
+        got = [b.column("body").to_pylist()
+               for b in read_range(MODERN_URI, modern_stream, 0, 2 * half, timeout=20,
+                                   amqp=True, body="binary")]
+    finally:
+        writer.join()
+    assert sum(got, []) == [b"%05d" % i for i in range(2 * half)]

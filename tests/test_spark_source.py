@@ -30,6 +30,7 @@ from pystream.spark import (
 )
 
 from .conftest import EXTERNAL_URI, MODERN_URI, local_spark
+from .holding import HoldingProxy
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -465,3 +466,29 @@ def test_recreated_stream_is_not_skipped(modern, modern_stream, caplog,
     bodies = [int(b) for p in reader.partitions(checkpointed, end)
               for batch in reader.read(p) for b in batch.column("body").to_pylist()]
     assert bodies == list(range(100))
+
+
+@pytest.mark.parametrize("read_timeout", [None, "1.5"])
+def test_planning_waits_for_the_broker_or_raises(modern, modern_stream, read_timeout):
+    """The source plans a batch from the broker's answers: a broker paused
+    while it owes a probe its chunk delays the plan, which is then exact,
+    or, past ``readTimeout``, fails it with ``RequestTimeout``; never an
+    empty plan."""
+    from pystream.ranges import OffsetRange, client_for
+
+    publish_range(modern, modern_stream, 0, 100)
+    with HoldingProxy("modern") as proxy:
+        options = {"uri": proxy.uri, "stream": modern_stream}
+        if read_timeout is not None:
+            options["readTimeout"] = read_timeout
+        source_ = RabbitMQStreamDataSource(options)
+        reader = source_.reader(source_.schema())
+        # Every node through the proxy, as the ranges' own tests resolve it.
+        client_for(reader.config.broker).pool.resolver = proxy.resolve
+        if read_timeout is not None:
+            with pytest.raises(pystream.RequestTimeout):
+                reader.partitions()
+        else:
+            parts = reader.partitions()
+            assert [p.value for p in parts] == [OffsetRange(modern_stream, 0, 100)]
+        assert proxy.held

@@ -35,8 +35,9 @@ Options (case-insensitive), all strings as Spark passes them:
   ``application_properties``, ``message_annotations``, ``header``,
   ``footer``: the AMQP sections, as ``pystream.decode`` renders them).
 - ``amqp`` (default true; false: bodies are the raw entries),
-  ``readTimeout`` (seconds a task's read may make no progress before it
-  raises ``RequestTimeout``),
+  ``readTimeout`` (seconds a task's read may make no progress, and
+  planning may wait for the broker's answers, before it raises
+  ``RequestTimeout``),
   ``consumerName`` (streaming: where ``commit`` stores offsets).
 """
 
@@ -318,7 +319,7 @@ class _BatchReader(DataSourceReader):
         for stream in config.current_streams():
             if not self.pushed.wants(stream):
                 continue
-            bounds = stream_bounds(client, stream)
+            bounds = stream_bounds(client, stream, timeout=config.read_timeout)
             lo = start_offset(config.starting, client, stream, bounds,
                               config.fail_on_data_loss)
             hi = min(resolve(bound_for(config.ending, stream, "latest"), client,
@@ -402,7 +403,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         client = self.config.client()
-        self.target = {s: stream_bounds(client, s).end
+        timeout = self.config.read_timeout
+        self.target = {s: stream_bounds(client, s, timeout=timeout).end
                        for s in self.config.current_streams()}
 
     def reportLatestOffset(self) -> Offsets | None:
@@ -416,7 +418,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends: dict[str, int] = {}
         for stream in streams:
             try:
-                bounds = stream_bounds(client, stream)
+                bounds = stream_bounds(client, stream, timeout=config.read_timeout)
             except StreamDoesNotExist:
                 if config.fail_on_data_loss:
                     raise DataLoss(f"{stream!r} was deleted while the query "
@@ -457,8 +459,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if isinstance(first, int):
                 lo = first  # read_range checks retention on the executor
             else:
-                lo = start_offset(_from_offset(first), client, stream,
-                                  stream_bounds(client, stream),
+                bounds = stream_bounds(client, stream, timeout=config.read_timeout)
+                lo = start_offset(_from_offset(first), client, stream, bounds,
                                   config.fail_on_data_loss)
             ranges.append(OffsetRange(stream, lo, hi))
         return config.partitions(ranges)
