@@ -279,6 +279,9 @@ class _ProbeSink:
         self.others = 0  # offset-tracking chunks, should the broker send any
         self.error: StreamError | None = None
 
+    def admit(self, chunk: Chunk) -> bool:
+        return True  # one chunk at most: credit 1
+
     def on_chunks(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
             if chunk.chunk_type != CHUNK_USER:
