@@ -68,8 +68,6 @@ POLL = 0.2  # seconds between looks at the position while no records come
 FILTERED_QUIET = 2.0
 #: Seconds between questions to the broker while a range read hears nothing.
 CHECK_EVERY = 1.0
-#: How long ``pystream dump``'s first-record probe waits.
-PROBE_TIMEOUT = 1.0
 CHUNK_USER = 0  # the chunk type of records (1 and 2: offset tracking)
 #: ``min_partitions`` never splits below this many offsets: each range
 #: re-reads the chunk its start falls in.
@@ -258,6 +256,15 @@ def stream_first(client: Client, stream: str, *,
         return None if stats.get("committed_chunk_id", -1) < 0 else stats["first_chunk_id"]
     (head,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_FIRST)], timeout)
     return None if head is None else head.first
+
+
+def last_chunk_start(client: Client, stream: str, *,
+                     timeout: float | None = None) -> int | None:
+    """The first offset of the stream's last chunk of records (where a
+    consumer at ``"last"`` starts), or None if it holds no record; as the
+    broker tells it (``_probe``), never from its silence."""
+    (last,) = _probe(client, stream, [P.OffsetSpec(P.OFFSET_LAST)], timeout)
+    return None if last is None else last.first
 
 
 @dataclass(frozen=True)

@@ -321,6 +321,22 @@ def test_dump_range_with_progress(filled, tmp_path, capsys):
 
 
 @pytest.mark.broker
+def test_dump_from_last_is_the_last_chunk(filled, tmp_path, capsys):
+    """--from last starts where a consumer at "last" does: the broker says
+    where the last chunk begins (a probe answered before a later request),
+    never a quiet second."""
+    with pystream.connect(MODERN_URI) as client, \
+            client.consumer(filled, offset="last", amqp=False) as consumer:
+        first = consumer.read(1, timeout=10).column("offset")[0].as_py()
+    assert 0 < first < 30_000
+    target = tmp_path / "last.arrow"
+    assert cli.main(["--uri", MODERN_URI, "dump", filled, "--to", str(target),
+                     "--from", "last"]) == 0
+    assert (pa.ipc.open_file(target).read_all()["offset"].to_pylist()
+            == list(range(first, 30_000)))
+
+
+@pytest.mark.broker
 def test_interrupted_dump_leaves_no_file(filled, tmp_path, capsys, monkeypatch):
     def one_batch_then_ctrl_c(*args, **kwargs):
         yield from pystream.ranges.read_range(*args, **kwargs)

@@ -18,7 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.ranges import PROBE_TIMEOUT, StreamBounds, offset_at, read_range, stream_bounds
+from pystream.ranges import (
+    StreamBounds,
+    last_chunk_start,
+    offset_at,
+    read_range,
+    stream_bounds,
+)
 
 from .common import CliError, Emit, Start, connection_options
 
@@ -80,9 +86,8 @@ def _start_offset(client: pystream.Client, stream: str, start: Start,
     if start == "next":
         return bounds.end
     if start == "last":
-        with client.consumer(stream, offset="last", amqp=False) as consumer:
-            head = consumer.read(1, timeout=PROBE_TIMEOUT).column(0)
-        return head[0].as_py() if len(head) else bounds.end
+        last = last_chunk_start(client, stream)
+        return bounds.end if last is None else last
     if isinstance(start, dt.datetime):
         return offset_at(client, stream, start, bounds)
     return max(int(start), bounds.first)  # retention removed what came before
