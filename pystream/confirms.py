@@ -91,11 +91,11 @@ class ConfirmFuture(Future[T]):
     batch that was never sent)."""
 
     _done_callbacks: list[Callback]
+    publishing_ids: tuple[int, int] | None = None
 
     def __init__(self, callbacks: CallbackThread) -> None:
         super().__init__()
         self._callback_thread = callbacks
-        self.publishing_ids: tuple[int, int] | None = None
 
     def cancel(self) -> bool:
         return False
@@ -104,8 +104,8 @@ class ConfirmFuture(Future[T]):
         # Called by set_result / set_exception once the future is finished:
         # no callback can be added to the list any more (add_done_callback
         # runs it at once), so it is handed over whole.
-        callbacks, self._done_callbacks = self._done_callbacks, []
-        if callbacks:
+        if self._done_callbacks:
+            callbacks, self._done_callbacks = self._done_callbacks, []
             self._callback_thread.run(self, callbacks)
 
 

@@ -125,8 +125,11 @@ class Producer:
         self._confirms = Confirms(self._cond, self._stats)
         self._callbacks = CallbackThread("pystream-producer-callbacks")
         self._buffer: list[_Row] = []
-        # Messages the producer's thread took from the buffer and has not
-        # sent (or failed) yet: flush and close wait for them too.
+        # ``send``'s batches leave in the order their messages came (the
+        # producer's thread and ``send`` itself may both send the buffer).
+        self._buffer_lock = threading.Lock()
+        # Messages taken from the buffer and not sent (or failed) yet: they
+        # count in the window, and flush and close wait for them too.
         self._taken = 0
         self._closed = False
         self._error: BaseException | None = None
@@ -181,15 +184,16 @@ class Producer:
         with self._cond:
             self._check()
             while self._window_full(len(self._buffer) + self._taken, 1):
-                self._flush_now.set()
-                self._lingering.set()
+                self._hand_over()
                 self._wait(deadline, timeout, "to queue a message")
                 self._check()
             self._buffer.append((body, properties, application_properties,
                                  message_annotations, filter_value, future))
-            if len(self._buffer) >= self.batch_size:
-                self._flush_now.set()
-        self._lingering.set()
+            full = len(self._buffer) >= self.batch_size
+        if full:
+            self._send_buffer(wait=False)
+        elif not self._lingering.is_set():
+            self._lingering.set()
         return future
 
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
@@ -227,8 +231,7 @@ class Producer:
         ``ConfirmTimeout`` (a ``RequestTimeout``) after ``timeout``
         seconds, or the error that failed the producer."""
         deadline = _deadline(timeout)
-        self._flush_now.set()
-        self._lingering.set()
+        self._send_buffer(wait=False)
         with self._cond:
             while ((self._buffer or self._taken or self._confirms.pending)
                    and self._error is None):
@@ -260,8 +263,7 @@ class Producer:
                 self._closed = True
                 rows, self._buffer = self._buffer, []
                 self._cond.notify_all()
-            self._lingering.set()
-            self._flush_now.set()
+            self._hand_over()
             closed = ProducerClosed(f"the producer of {self.stream!r} was closed "
                                     "before the message was sent")
             for row in rows:
@@ -294,8 +296,8 @@ class Producer:
 
     def _window_full(self, queued: int, n: int) -> bool:
         """Whether ``n`` more messages would overflow ``max_in_flight``,
-        with ``queued`` messages taken but not sent (under the lock). A
-        batch larger than the window goes alone."""
+        with ``queued`` messages gathered or taken but not sent (under the
+        lock). A batch larger than the window goes alone."""
         used = self._confirms.in_flight + queued
         return (used > 0 and used + n > self.max_in_flight
                 and self._error is None and not self._closed)
@@ -320,22 +322,45 @@ class Producer:
                 if deadline is not None and time.monotonic() >= deadline:
                     self._wait(deadline, timeout, "to send a batch")
 
-    def _send_buffer(self) -> None:
-        with self._cond:
-            rows, self._buffer = self._buffer, []
-            self._taken = len(rows)
-        if not rows:
+    def _hand_over(self) -> None:
+        """Have the producer's thread send the buffer now."""
+        self._flush_now.set()
+        self._lingering.set()
+
+    def _send_buffer(self, *, wait: bool) -> None:
+        """Send what ``send`` gathered: from the producer's thread
+        (``wait``: for room in the window and for the send lock), or from
+        ``send`` and ``flush``, which wait for nothing and leave the buffer
+        to that thread when they would have to."""
+        if not self._buffer_lock.acquire(blocking=wait):
+            self._hand_over()
             return
+        locked = False
         try:
-            self._publish_rows(rows)
+            if not wait:
+                locked = self._send_lock.acquire(blocking=False)
+            with self._cond:
+                while wait and self._window_full(0, len(self._buffer)):
+                    self._cond.wait()
+                rows = self._buffer
+                if rows and not wait and (
+                        not locked or self._window_full(0, len(rows))):
+                    self._hand_over()
+                    return
+                self._buffer, self._taken = [], len(rows)
+            if rows:
+                self._publish_rows(rows, locked)
         except Exception:
             pass  # the futures carry the error
         finally:
+            if locked:
+                self._send_lock.release()
             with self._cond:
                 self._taken = 0
                 self._cond.notify_all()
+            self._buffer_lock.release()
 
-    def _publish_rows(self, rows: list[_Row]) -> None:
+    def _publish_rows(self, rows: list[_Row], locked: bool) -> None:
         bodies, props, app, ann, filters, futures = zip(*rows, strict=True)
         try:
             columns: dict[str, pa.Array[Any]] = {"body": pa.array(bodies, pa.binary())}
@@ -352,7 +377,7 @@ class Producer:
                              if any(f is not None for f in filters)
                              else self._filter_values(batch))
             self._publish(batch.column("body"), batch, filter_values, None,
-                          list(futures), None, None)
+                          list(futures), None, None, taken=True, locked=locked)
         except BaseException as exc:
             for f in futures:
                 f.set_exception(exc)
@@ -361,16 +386,21 @@ class Producer:
     def _publish(self, bodies: Any, batch: pa.RecordBatch | None,
                  filter_values: Any, publishing_id: int | None,
                  message_futures: list[Future[int]] | None,
-                 deadline: float | None, timeout: float | None) -> Future[int]:
+                 deadline: float | None, timeout: float | None, *,
+                 taken: bool = False, locked: bool = False) -> Future[int]:
         """Encode and send ``bodies`` (an Arrow array, or a tuple of bytes),
-        with the other columns of ``batch``."""
-        n = len(bodies)
-        with self._cond:
-            # Back-pressure: wait for confirms rather than grow memory (not
-            # under the send lock: recovery needs it to send them again).
-            while self._window_full(0, n):
-                self._wait(deadline, timeout, "to send a batch")
-        self._lock_send(deadline, timeout)
+        with the other columns of ``batch``. Messages ``taken`` from the
+        buffer had their room in the window when taken; ``locked``: the
+        caller holds the send lock (and releases it)."""
+        if not taken:
+            with self._cond:
+                # Back-pressure: wait for confirms rather than grow memory
+                # (not under the send lock: recovery needs it to send them
+                # again).
+                while self._window_full(self._taken, len(bodies)):
+                    self._wait(deadline, timeout, "to send a batch")
+        if not locked:
+            self._lock_send(deadline, timeout)
         try:
             with self._cond:
                 self._check()
@@ -408,7 +438,8 @@ class Producer:
                 except StreamError:
                     pass  # recovery sends it again
         finally:
-            self._send_lock.release()
+            if not locked:
+                self._send_lock.release()
         return future
 
     # --- confirms (reader thread) -------------------------------------------
@@ -586,7 +617,7 @@ class Producer:
             self._lingering.clear()
             if self._flush_now.wait(self.linger):
                 self._flush_now.clear()
-            self._send_buffer()
+            self._send_buffer(wait=True)
 
 
 def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
