@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from . import metrics
 from . import protocol as P
-from ._core import encode_publish, schema
+from ._core import encode_publish
 from .arrow import Batch, as_batch
 from .confirms import CallbackThread, ConfirmFuture, Confirms, _Batch
 from .errors import (
@@ -41,6 +41,7 @@ from .errors import (
     StreamError,
     next_retry_delay,
 )
+from .gathered import Row, check_symbols, rows_batch
 
 if TYPE_CHECKING:
     from ._core import Codec
@@ -50,13 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pystream.producer")
 
 FilterValue = str | Callable[[pa.RecordBatch], Any] | None
-#: A message ``send`` buffers: body, properties, application properties,
-#: message annotations, filter value, and its future.
-_Row = tuple[bytes, dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None,
-             str | None, Future[int]]
-
-PROPERTIES = schema(columns=["properties"]).field("properties").type
-STRING_MAP = pa.map_(pa.string(), pa.string())
 CODECS: tuple[None, Codec, Codec, Codec, Codec, Codec] = (
     None, "none", "gzip", "snappy", "lz4", "zstd")
 
@@ -74,12 +68,12 @@ class Producer:
     ``close()`` (which waits for the confirms).
 
     ``send(body, ...)`` gathers messages into batches of ``batch_size`` (or
-    what ``linger_ms`` collected), which the producer's thread sends, and
-    returns a future per message; ``send_batch(bodies)`` publishes a list of
-    bytes, a pyarrow binary or string array, or a RecordBatch/Table with a
-    ``body`` column and optional ``properties`` / ``application_properties``
-    / ``message_annotations`` columns (the consumer's schema), and returns
-    one future for the batch. Futures resolve to the last publishing id, or
+    what ``linger_ms`` collected) and returns a future per message;
+    ``send_batch(bodies)`` publishes a list of bytes, a pyarrow binary or
+    string array, or a RecordBatch/Table with a ``body`` column and
+    optional ``properties`` / ``application_properties`` /
+    ``message_annotations`` columns (the consumer's schema), and returns one
+    future for the batch. Futures resolve to the last publishing id, or
     raise ``PublishError``; their done-callbacks run on the producer's
     callback thread, one at a time, never on the connection's reader.
     ``flush(timeout)`` waits for every confirm.
@@ -124,7 +118,7 @@ class Producer:
         self._stats = metrics.publisher_stats(client.address, stream)
         self._confirms = Confirms(self._cond, self._stats)
         self._callbacks = CallbackThread("pystream-producer-callbacks")
-        self._buffer: list[_Row] = []
+        self._buffer: list[Row] = []
         # ``send``'s batches leave in the order their messages came (the
         # producer's thread and ``send`` itself may both send the buffer).
         self._buffer_lock = threading.Lock()
@@ -142,6 +136,8 @@ class Producer:
         self._lost_again: str | None = None
         self._gone_since: float | None = None
         self.last_publishing_id = 0    # last id sent, or the broker had for its name
+        self._lingering = threading.Event()  # send() buffered messages
+        self._flush_now = threading.Event()  # ... to send without lingering
         self._connect()
         if name is not None:
             try:
@@ -149,8 +145,6 @@ class Producer:
             except BaseException:
                 self._disconnect(delete=True)
                 raise
-        self._lingering = threading.Event()  # send() buffered messages
-        self._flush_now = threading.Event()  # ... to send without lingering
         threading.Thread(target=self._linger_loop, daemon=True,
                          name="pystream-producer").start()
 
@@ -178,7 +172,7 @@ class Producer:
         confirm, it waits for room, at most ``timeout`` seconds (``None``:
         until there is room, or the producer fails or closes), then raises
         ``SendTimeout`` and queues nothing."""
-        _check_symbols(properties, message_annotations)
+        check_symbols(properties, message_annotations)
         deadline = _deadline(timeout)
         future: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
         with self._cond:
@@ -360,24 +354,14 @@ class Producer:
                 self._cond.notify_all()
             self._buffer_lock.release()
 
-    def _publish_rows(self, rows: list[_Row], locked: bool) -> None:
-        bodies, props, app, ann, filters, futures = zip(*rows, strict=True)
+    def _publish_rows(self, rows: list[Row], locked: bool) -> None:
+        futures = [row[-1] for row in rows]
         try:
-            columns: dict[str, pa.Array[Any]] = {"body": pa.array(bodies, pa.binary())}
-            if any(p is not None for p in props):
-                columns["properties"] = pa.array(props, PROPERTIES)
-            for key, values in (("application_properties", app),
-                                ("message_annotations", ann)):
-                if any(v is not None for v in values):
-                    columns[key] = pa.array(
-                        [None if v is None else [(str(k), str(x)) for k, x in v.items()]
-                         for v in values], STRING_MAP)
-            batch = pa.RecordBatch.from_pydict(columns)
-            filter_values = (pa.array(filters, pa.string())
-                             if any(f is not None for f in filters)
-                             else self._filter_values(batch))
+            batch, filter_values = rows_batch(rows)
+            if filter_values is None:
+                filter_values = self._filter_values(batch)
             self._publish(batch.column("body"), batch, filter_values, None,
-                          list(futures), None, None, taken=True, locked=locked)
+                          futures, None, None, taken=True, locked=locked)
         except BaseException as exc:
             for f in futures:
                 f.set_exception(exc)
@@ -625,20 +609,6 @@ def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
         return None
     i = batch.schema.get_field_index(name)
     return None if i < 0 else batch.column(i)
-
-
-def _check_symbols(properties: dict[str, Any] | None,
-                   message_annotations: dict[str, Any] | None) -> None:
-    """AMQP symbols are ASCII; the encoder refuses others too, but a single
-    message is encoded later, in the linger thread."""
-    for name in ("content_type", "content_encoding"):
-        value = (properties or {}).get(name)
-        if isinstance(value, str) and not value.isascii():
-            raise ValueError(f"{name} is not ASCII (an AMQP symbol): {value!r}")
-    for key in message_annotations or {}:
-        if not str(key).isascii():  # keys are encoded as str(key)
-            raise ValueError(f"message_annotations: the key {key!r} is not ASCII "
-                             "(keys are AMQP symbols)")
 
 
 def _deadline(timeout: float | None) -> float | None:
