@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import protocol as P
-from .errors import PublishError
+from .errors import PublisherDoesNotExist, PublishError
 
 if TYPE_CHECKING:
     from .metrics import PublisherStats
@@ -183,6 +184,9 @@ class Confirms:
         self._stats = stats
         self.pending: deque[_Batch] = deque()
         self.in_flight = 0
+        # Since when the broker has refused publishes for want of the
+        # publisher, with no confirm between.
+        self._gone_since: float | None = None
 
     @property
     def last_pending_id(self) -> int | None:
@@ -195,6 +199,33 @@ class Confirms:
         self.in_flight += record.messages
         self._stats.published += record.messages
         self._stats.written_bytes += len(record.frames)
+
+    def confirmed(self, ids: np.ndarray) -> None:
+        """The broker confirmed ``ids`` (from the reader thread)."""
+        self._gone_since = None
+        self.settle(ids, [])
+
+    def refused(self, errors: tuple[P.PublishingError, ...],
+                recovery_timeout: float) -> bool:
+        """The broker refused publishing ids (from the reader thread): they
+        fail with its code, but for a refusal for want of the publisher
+        while it lasts less than ``recovery_timeout`` (never with 0): the
+        broker dropped the publisher (its stream's leader moved) before
+        the client heard of it, so nothing was written, and those ids stay
+        pending for the recovery to send again. Whether to recover."""
+        gone = any(e.code == PublisherDoesNotExist.code for e in errors)
+        if gone:
+            now = time.monotonic()
+            if self._gone_since is None:
+                self._gone_since = now
+            gone = now - self._gone_since < recovery_timeout
+            if gone:
+                errors = tuple(e for e in errors
+                               if e.code != PublisherDoesNotExist.code)
+        if errors:
+            ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
+            self.settle(ids, [(e.publishing_id, e.code) for e in errors])
+        return gone
 
     def settle(self, ids: np.ndarray, failures: list[tuple[int, int]]) -> None:
         """The broker confirmed ``ids`` or refused them (``failures``: id and

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -36,7 +35,6 @@ from .errors import (
     ConnectionClosed,
     ConnectionLost,
     ProducerClosed,
-    PublisherDoesNotExist,
     SendTimeout,
     StreamError,
     next_retry_delay,
@@ -131,10 +129,8 @@ class Producer:
         self._publisher_id = -1
         self._recovering = False
         # Why the producer was lost again while recovering (the recovery
-        # goes round once more), and since when the broker has refused
-        # publishes for want of the publisher with no confirm between.
+        # goes round once more).
         self._lost_again: str | None = None
-        self._gone_since: float | None = None
         self.last_publishing_id = 0    # last id sent, or the broker had for its name
         self._lingering = threading.Event()  # send() buffered messages
         self._flush_now = threading.Event()  # ... to send without lingering
@@ -431,34 +427,14 @@ class Producer:
     def on_confirm(self, frame: memoryview) -> None:
         """The connection's reader thread hands a PublishConfirm frame here:
         its publishing ids settle their futures."""
-        ids = P.confirmed_ids(frame)
-        self._gone_since = None
-        self._confirms.settle(ids, [])
+        self._confirms.confirmed(P.confirmed_ids(frame))
 
     def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         """The connection's reader thread hands PublishError entries here:
         their futures raise ``PublishError`` with the broker's code, except
         a refusal for want of the publisher, sent again after recovery."""
-        gone = [e for e in errors if e.code == PublisherDoesNotExist.code]
-        if gone and self._retry_gone():
-            # The broker dropped this publisher (its stream's leader moved)
-            # before the client heard of it: those ids were not written.
-            # They stay pending, and the recovery declares the publisher
-            # again and sends them again.
-            errors = tuple(e for e in errors if e.code != PublisherDoesNotExist.code)
+        if self._confirms.refused(errors, self.recovery_timeout):
             self._lost("publisher_gone")
-        if errors:
-            ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
-            self._confirms.settle(ids, [(e.publishing_id, e.code) for e in errors])
-
-    def _retry_gone(self) -> bool:
-        """Whether publishes refused for want of the publisher are sent
-        again: until they have been refused, with no confirm between, for
-        ``recovery_timeout`` seconds (never with 0)."""
-        now = time.monotonic()
-        if self._gone_since is None:
-            self._gone_since = now
-        return now - self._gone_since < self.recovery_timeout
 
     # --- connection and recovery --------------------------------------------
 
