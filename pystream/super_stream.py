@@ -117,8 +117,8 @@ class SuperStreamProducer:
         partition settled its share, if any failed. ``publishing_ids`` maps
         partitions (names or indices) to the publishing id of the first
         message of their share (``PartitionsFailed.resend_ids``); the
-        others continue after their last. ``timeout`` bounds each
-        partition's wait for room in its in-flight window. A batch
+        others continue after their last. ``timeout`` bounds the call's
+        waits for room in the partitions' in-flight windows. A batch
         nothing of which was sent raises ``PartitionsFailed`` at once."""
         deadline = None if timeout is None else time.monotonic() + timeout
         batch = as_batch(messages)
