@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import threading
 import time
 import uuid
@@ -31,8 +32,16 @@ def kill_connections(name: str) -> int:
     """Kill the modern broker's stream connections named ``name``: their
     sockets close under the client without a Close, as when a node drops
     them. How many there were."""
-    out = broker_ctl("modern", "list_stream_connections", "--formatter",
-                     "json", "pid", "client_properties")
+    for attempt in range(5):
+        try:
+            out = broker_ctl("modern", "list_stream_connections", "--formatter",
+                             "json", "pid", "client_properties")
+            break
+        except subprocess.CalledProcessError:
+            # A connection that closes while it is listed fails the listing.
+            if attempt == 4:
+                raise
+            time.sleep(0.2)
     pids = []
     for line in out.splitlines():
         line = line.strip().lstrip(",")
