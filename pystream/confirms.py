@@ -58,11 +58,6 @@ class CallbackThread:
                                                 name=self.name)
                 self._thread.start()
 
-    @property
-    def current(self) -> bool:
-        """Whether the calling thread is this one (a callback is running)."""
-        return self._thread is threading.current_thread()
-
     def _loop(self) -> None:
         while True:
             try:

@@ -65,8 +65,7 @@ class SuperStreamProducer:
                     failed[partition] = exc
         finally:
             if len(opened) < len(self.partitions):  # failed, or interrupted
-                for partition, error in _close_all(opened, 5.0).items():
-                    failed[f"{partition} (closing)"] = error
+                failed.update(_close_all(opened, 5.0))
         if failed:
             raise PartitionsFailed(
                 f"super stream {super_stream!r}: opening its partitions' "
