@@ -65,6 +65,7 @@ def test_every_confirmed_message_is_stored_once_across_dropped_connections(
     sent = [0]
     kills: list[tuple[int, int, int]] = []  # sent before, connections, sent after
     stop = threading.Event()
+    dropped = threading.Event()  # both drops done
 
     def drop_connections() -> None:
         for share in (0.15, 0.5):
@@ -73,6 +74,7 @@ def test_every_confirmed_message_is_stored_once_across_dropped_connections(
             before = sent[0]
             killed = kill_connections(connection_name)
             kills.append((before, killed, sent[0]))
+        dropped.set()
 
     futures = []
     caplog.set_level(logging.WARNING, "pystream.producer")
@@ -90,6 +92,8 @@ def test_every_confirmed_message_is_stored_once_across_dropped_connections(
                     futures.append(producer.send_batch(part, timeout=60))
                 sent[0] = start + len(part)
                 time.sleep(0.02)  # some 10 s of sending, for the drops to land in
+                if sent[0] == 9 * N // 10:  # a slow rabbitmqctl: the drops land first
+                    dropped.wait(120)
             producer.flush(120)
         finally:
             stop.set()
