@@ -160,7 +160,7 @@ class Producer:
              application_properties: dict[str, Any] | None = None,
              message_annotations: dict[str, Any] | None = None,
              filter_value: str | None = None,
-             timeout: float | None = None) -> Future[int]:
+             timeout: float | None = None) -> ConfirmFuture[int]:
         """Queue one message; the future resolves to its publishing id.
         A symbol that is not ASCII (an annotation key, ``content_type``,
         ``content_encoding``) raises ``ValueError`` here, before it is
@@ -188,7 +188,7 @@ class Producer:
 
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
                    filter_values: Any = None,
-                   timeout: float | None = None) -> Future[int]:
+                   timeout: float | None = None) -> ConfirmFuture[int]:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
         of its first message: it must exceed the ids of this producer still
         awaiting their confirm, and ids the broker already has for ``name``
@@ -367,7 +367,7 @@ class Producer:
                  filter_values: Any, publishing_id: int | None,
                  message_futures: list[Future[int]] | None,
                  deadline: float | None, timeout: float | None, *,
-                 taken: bool = False, locked: bool = False) -> Future[int]:
+                 taken: bool = False, locked: bool = False) -> ConfirmFuture[int]:
         """Encode and send ``bodies`` (an Arrow array, or a tuple of bytes),
         with the other columns of ``batch``. Messages ``taken`` from the
         buffer had their room in the window when taken; ``locked``: the

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from ._core import murmur3_32
 from .arrow import Batch, as_batch, take_rows
+from .confirms import ConfirmFuture
 from .errors import PartitionsFailed, RoutingError
 from .producer import Producer
 
@@ -133,7 +134,7 @@ class SuperStreamProducer:
         if unusable:
             raise PartitionsFailed(f"super stream {self.super_stream!r}: "
                                    "send_batch sent nothing", failed=unusable)
-        futures: dict[str, Future[int]] = {}
+        futures: dict[str, ConfirmFuture[int]] = {}
         failed: dict[str, BaseException] = {}
         for i, producer in enumerate(self._producers):
             rows = np.nonzero(parts == i)[0]
@@ -210,7 +211,7 @@ def _close_all(producers: dict[str, Producer],
     return failed
 
 
-def _all_of(super_stream: str, futures: dict[str, Future[int]],
+def _all_of(super_stream: str, futures: dict[str, ConfirmFuture[int]],
             failed: dict[str, BaseException]) -> Future[None]:
     """A future for the partitions' futures: None once all succeeded, or
     ``PartitionsFailed`` (with ``failed``, those that raised before
@@ -224,9 +225,8 @@ def _all_of(super_stream: str, futures: dict[str, Future[int]],
         succeeded: dict[str, int] = {}
         ids: dict[str, tuple[int, int]] = {}
         for partition, f in futures.items():
-            sent = getattr(f, "publishing_ids", None)
-            if sent is not None:
-                ids[partition] = sent
+            if f.publishing_ids is not None:
+                ids[partition] = f.publishing_ids
             error = f.exception()
             if error is not None:
                 errors[partition] = error
