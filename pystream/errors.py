@@ -91,6 +91,23 @@ class RequestTimeout(StreamError):
     """The broker did not answer a request in time."""
 
 
+class ConfirmTimeout(RequestTimeout):
+    """Messages a producer sent were not confirmed in time (``flush``,
+    ``close``): the broker may or may not have stored them. A named
+    producer can send them again with their publishing ids and the broker
+    drops those it has."""
+
+
+class SendTimeout(RequestTimeout):
+    """A send waited past its ``timeout`` for room in the producer's
+    in-flight window (``max_in_flight``): nothing of it was sent."""
+
+
+class ProducerClosed(ConnectionClosed):
+    """The producer was closed: a send after ``close()``, or a message
+    that ``close()`` found not yet sent (nothing of it was sent)."""
+
+
 class UnsupportedFeature(StreamError):
     """The broker is too old for the requested feature; refused before anything
     is sent, so the connection stays usable."""
@@ -142,6 +159,50 @@ class PublishError(StreamError):
     def __init__(self, message: str, *, publishing_id: int, code: int) -> None:
         super().__init__(message, code=code)
         self.publishing_id = publishing_id
+
+
+class RoutingError(StreamError, ValueError):
+    """A super stream producer cannot route a message of a batch: its
+    routing key is null or missing, or ``route`` gave no valid partition
+    index for it. ``index`` is the message's position in the batch, and
+    nothing of the batch was sent."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class PartitionsFailed(StreamError):
+    """An operation on a super stream's partitions failed on some of them
+    and may have succeeded on others: ``failed`` maps each failed partition
+    to its error, ``succeeded`` each other one to its last publishing id.
+    After ``send_batch``, ``publishing_ids`` maps each partition that was
+    sent its share to the share's first and last publishing ids, so that a
+    named producer can send the batch again with ``resend_ids`` and the
+    broker drops what it stored already."""
+
+    def __init__(self, message: str, *,
+                 failed: dict[str, BaseException] | None = None,
+                 succeeded: dict[str, int] | None = None,
+                 publishing_ids: dict[str, tuple[int, int]] | None = None) -> None:
+        super().__init__(message)
+        self.failed = failed or {}
+        self.succeeded = succeeded or {}
+        self.publishing_ids = publishing_ids or {}
+
+    def __str__(self) -> str:
+        names = ", ".join(f"{p!r} ({type(e).__name__}: {e})"
+                          for p, e in self.failed.items())
+        done = ", ".join(f"{p!r} (last publishing id {i})"
+                         for p, i in self.succeeded.items())
+        return (f"{super().__str__()}: failed on {names}"
+                + (f"; succeeded on {done}" if done else ""))
+
+    @property
+    def resend_ids(self) -> dict[str, int]:
+        """The first publishing id of each partition's share: pass it as
+        ``send_batch(..., publishing_ids=)`` to send the batch again."""
+        return {p: first for p, (first, _) in self.publishing_ids.items()}
 
 
 # --- broker answers (response codes) ----------------------------------------

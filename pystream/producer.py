@@ -4,10 +4,11 @@ producers, and unconfirmed frames sent again after a reconnection (so an
 unnamed producer may duplicate what the broker stored but never confirmed).
 
 A batch (``send_batch``, or the messages ``send`` gathered for up to
-``batch_size`` messages or ``linger_ms``) is one ``_Batch``: its frames are
-kept until every publishing id in it is confirmed (or refused), then its
-future is resolved. Publishing ids increase: one per message, or one per
-sub-batch with compression.
+``batch_size`` messages or ``linger_ms``, which the producer's thread
+sends) is one ``confirms._Batch``: its frames are kept until every
+publishing id in it is confirmed (or refused), then its future is
+resolved (``confirms`` keeps that account). Publishing ids increase: one
+per message, or one per sub-batch with compression.
 """
 
 from __future__ import annotations
@@ -15,30 +16,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import metrics
 from . import protocol as P
-from ._core import encode_publish, schema
+from ._core import encode_publish
 from .arrow import Batch, as_batch
+from .confirms import CallbackThread, ConfirmFuture, Confirms, _Batch
 from .errors import (
     FIRST_RETRY_DELAY,
     RECOVERABLE,
+    ConfirmTimeout,
     ConnectionClosed,
     ConnectionLost,
-    PublisherDoesNotExist,
-    PublishError,
-    RequestTimeout,
+    ProducerClosed,
+    SendTimeout,
     StreamError,
     next_retry_delay,
 )
+from .gathered import Row, check_symbols, rows_batch
 
 if TYPE_CHECKING:
     from ._core import Codec
@@ -48,13 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pystream.producer")
 
 FilterValue = str | Callable[[pa.RecordBatch], Any] | None
-#: A message ``send`` buffers: body, properties, application properties,
-#: message annotations, filter value, and its future.
-_Row = tuple[bytes, dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None,
-             str | None, Future[int]]
-
-PROPERTIES = schema(columns=["properties"]).field("properties").type
-STRING_MAP = pa.map_(pa.string(), pa.string())
 CODECS: tuple[None, Codec, Codec, Codec, Codec, Codec] = (
     None, "none", "gzip", "snappy", "lz4", "zstd")
 
@@ -65,55 +59,6 @@ def codec(name: str | None) -> Codec | None:
         if name == known:
             return known
     raise ValueError(f"compression must be one of {CODECS[1:]}")
-
-
-class _Batch:
-    """Frames sent and waiting for their confirms."""
-
-    __slots__ = ("first_id", "counts", "settled", "messages",
-                 "frames", "future", "message_futures", "failures")
-
-    def __init__(self, first_id: int, counts: np.ndarray, frames: pa.Buffer | bytes,
-                 message_futures: list[Future[int]] | None) -> None:
-        self.first_id = first_id
-        self.counts = counts                # messages per publishing id
-        self.settled = np.zeros(len(counts), np.bool_)  # ids confirmed or refused
-        self.messages = int(counts.sum())
-        self.frames = frames
-        self.future: Future[int] = Future()  # resolves to the last id
-        self.message_futures = message_futures
-        self.failures: list[tuple[int, int]] = []
-
-    @property
-    def last_id(self) -> int:
-        return self.first_id + len(self.counts) - 1
-
-    def resolve(self) -> None:
-        if not self.failures:
-            self.future.set_result(self.last_id)
-        else:
-            pid, code = self.failures[0]
-            self.future.set_exception(PublishError(
-                f"the broker refused {len(self.failures)} message(s) of the "
-                f"batch, first publishing id {pid} (code {code:#04x})",
-                publishing_id=pid, code=code))
-        if self.message_futures is not None:
-            refused = dict(self.failures)
-            first_message = np.concatenate([[0], np.cumsum(self.counts)])
-            for i in range(len(self.counts)):
-                pid = self.first_id + i
-                for f in self.message_futures[first_message[i]:first_message[i + 1]]:
-                    if pid in refused:
-                        f.set_exception(PublishError(
-                            f"publishing id {pid} refused (code {refused[pid]:#04x})",
-                            publishing_id=pid, code=refused[pid]))
-                    else:
-                        f.set_result(pid)
-
-    def fail(self, error: BaseException) -> None:
-        self.future.set_exception(error)
-        for f in self.message_futures or ():
-            f.set_exception(error)
 
 
 class Producer:
@@ -127,7 +72,9 @@ class Producer:
     optional ``properties`` / ``application_properties`` /
     ``message_annotations`` columns (the consumer's schema), and returns one
     future for the batch. Futures resolve to the last publishing id, or
-    raise ``PublishError``. ``flush(timeout)`` waits for every confirm.
+    raise ``PublishError``; their done-callbacks run on the producer's
+    callback thread, one at a time, never on the connection's reader.
+    ``flush(timeout)`` waits for every confirm.
 
     Options: ``name`` (deduplication: the broker drops publishing ids it
     already has for this name, and the producer continues after the last
@@ -135,8 +82,8 @@ class Producer:
     sub-batches of ``sub_batch_size`` messages), ``filter_value`` (3.13+:
     the name of an application property, or a callable from the batch to a
     string array), ``max_in_flight`` (messages sent and not yet confirmed;
-    sending blocks beyond it), ``amqp=False`` (bodies are published as raw
-    entries), ``recovery_timeout``.
+    sending waits beyond it, at most its ``timeout``), ``amqp=False``
+    (bodies are published as raw entries), ``recovery_timeout``.
     """
 
     def __init__(self, client: Admin, stream: str, *, name: str | None = None,
@@ -166,29 +113,34 @@ class Producer:
 
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()  # frames go out in id order
+        self._stats = metrics.publisher_stats(client.address, stream)
+        self._confirms = Confirms(self._cond, self._stats)
+        self._callbacks = CallbackThread("pystream-producer-callbacks")
+        self._buffer: list[Row] = []
         # ``send``'s batches leave in the order their messages came (the
-        # linger thread and the application may both flush the buffer).
+        # producer's thread and ``send`` itself may both send the buffer).
         self._buffer_lock = threading.Lock()
-        self._pending: deque[_Batch] = deque()
-        self._in_flight = 0
-        self._buffer: list[_Row] = []
+        # Messages taken from the buffer and not sent (or failed) yet: they
+        # count in the window, and flush and close wait for them too.
+        self._taken = 0
         self._closed = False
         self._error: BaseException | None = None
         self._connection: Connection | None = None
         self._publisher_id = -1
         self._recovering = False
         # Why the producer was lost again while recovering (the recovery
-        # goes round once more), and since when the broker has refused
-        # publishes for want of the publisher with no confirm between.
+        # goes round once more).
         self._lost_again: str | None = None
-        self._gone_since: float | None = None
-        self._last_sent = 0            # last id this producer sent
-        self.last_publishing_id = 0    # ... or the broker had for its name
-        self._stats = metrics.publisher_stats(client.address, stream)
+        self.last_publishing_id = 0    # last id sent, or the broker had for its name
+        self._lingering = threading.Event()  # send() buffered messages
+        self._flush_now = threading.Event()  # ... to send without lingering
         self._connect()
         if name is not None:
-            self.last_publishing_id = client.query_publisher_sequence(stream, name)
-        self._lingering = threading.Event()
+            try:
+                self.last_publishing_id = client.query_publisher_sequence(stream, name)
+            except BaseException:
+                self._disconnect(delete=True)
+                raise
         threading.Thread(target=self._linger_loop, daemon=True,
                          name="pystream-producer").start()
 
@@ -207,29 +159,46 @@ class Producer:
     def send(self, body: bytes, *, properties: dict[str, Any] | None = None,
              application_properties: dict[str, Any] | None = None,
              message_annotations: dict[str, Any] | None = None,
-             filter_value: str | None = None) -> Future[int]:
+             filter_value: str | None = None,
+             timeout: float | None = None) -> ConfirmFuture[int]:
         """Queue one message; the future resolves to its publishing id.
         A symbol that is not ASCII (an annotation key, ``content_type``,
         ``content_encoding``) raises ``ValueError`` here, before it is
-        queued."""
-        _check_symbols(properties, message_annotations)
-        future: Future[int] = Future()
+        queued. With ``max_in_flight`` messages queued or awaiting their
+        confirm, it waits for room, at most ``timeout`` seconds (``None``:
+        until there is room, or the producer fails or closes), then raises
+        ``SendTimeout`` and queues nothing."""
+        check_symbols(properties, message_annotations)
+        deadline = _deadline(timeout)
+        future: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
         with self._cond:
             self._check()
+            while self._window_full(len(self._buffer) + self._taken, 1):
+                self._hand_over()
+                self._wait(deadline, timeout, "to queue a message")
+                self._check()
             self._buffer.append((body, properties, application_properties,
                                  message_annotations, filter_value, future))
             full = len(self._buffer) >= self.batch_size
         if full:
-            self._send_buffer()
-        else:
+            self._send_buffer(wait=False)
+        elif not self._lingering.is_set():
             self._lingering.set()
         return future
 
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
-                   filter_values: Any = None) -> Future[int]:
+                   filter_values: Any = None,
+                   timeout: float | None = None) -> ConfirmFuture[int]:
         """Publish a batch; ``publishing_id`` (for deduplication) is the id
-        of its first message: it must exceed the ids this producer sent,
-        and ids the broker already has for ``name`` are dropped by it."""
+        of its first message: it must exceed the ids of this producer still
+        awaiting their confirm, and ids the broker already has for ``name``
+        are dropped by it (so a named producer may send a batch again with
+        the ids it had). With ``max_in_flight`` messages awaiting their
+        confirm, it waits for room, at most ``timeout`` seconds (``None``:
+        until there is room, or the producer fails or closes), then raises
+        ``SendTimeout`` and sends nothing. The future's ``publishing_ids``
+        is the batch's first and last publishing ids."""
+        deadline = _deadline(timeout)
         if isinstance(messages, (list, tuple)) and (
                 filter_values is not None or self.filter_value is None):
             # Bodies alone: the encoder reads the bytes objects in place.
@@ -241,39 +210,65 @@ class Producer:
             if filter_values is None:
                 filter_values = self._filter_values(batch)
         if len(bodies) == 0:
-            done: Future[int] = Future()
+            done: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
             done.set_result(self.last_publishing_id)
             return done
-        return self._publish(bodies, batch, filter_values, publishing_id, None)
+        return self._publish(bodies, batch, filter_values, publishing_id, None,
+                             deadline, timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send what ``send`` gathered and wait for every confirm; raises
-        ``RequestTimeout`` after ``timeout`` seconds."""
-        self._send_buffer()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        ``ConfirmTimeout`` (a ``RequestTimeout``) after ``timeout``
+        seconds, or the error that failed the producer."""
+        deadline = _deadline(timeout)
+        self._send_buffer(wait=False)
         with self._cond:
-            while self._pending and self._error is None:
+            while ((self._buffer or self._taken or self._confirms.pending)
+                   and self._error is None):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise RequestTimeout(f"{self._in_flight} messages to "
-                                         f"{self.stream!r} not confirmed")
+                    raise ConfirmTimeout(
+                        f"{self._confirms.in_flight + len(self._buffer) + self._taken} "
+                        f"message(s) to {self.stream!r} not confirmed within "
+                        f"{timeout:g} s")
                 self._cond.wait(left)
             if self._error is not None:
                 raise self._error
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, then delete the publisher on the broker."""
+        """Send what ``send`` gathered, wait for every confirm (at most
+        ``timeout`` seconds), then delete the publisher on the broker. Every
+        future of the producer is resolved when it returns: a message still
+        unconfirmed at the deadline fails with ``ConfirmTimeout`` (the broker
+        may or may not have stored it; close raises it too), one not sent
+        yet with ``ProducerClosed``."""
         if self._closed:
             return
+        deadline = _deadline(timeout)
         try:
             if self._error is None:
                 self.flush(timeout)
         finally:
             with self._cond:
                 self._closed = True
+                rows, self._buffer = self._buffer, []
                 self._cond.notify_all()
-            self._lingering.set()
-            self._disconnect(delete=True)
+            self._hand_over()
+            closed = ProducerClosed(f"the producer of {self.stream!r} was closed "
+                                    "before the message was sent")
+            for row in rows:
+                row[-1].set_exception(closed)
+            with self._cond:
+                # The producer's thread fails what it holds once it sees
+                # the producer closed.
+                self._cond.wait_for(lambda: not self._taken,
+                                    _left(deadline, at_least=1.0))
+            self._confirms.fail_all(ConfirmTimeout(
+                f"not confirmed before the producer of {self.stream!r} closed"
+                + ("" if timeout is None else f" ({timeout:g} s)")
+                + ": the broker may or may not have stored it"))
+            self._disconnect(delete=True, timeout=_left(deadline, at_least=1.0,
+                                                        at_most=5.0))
 
     # --- batches ------------------------------------------------------------
 
@@ -289,31 +284,80 @@ class Producer:
         return pc.map_lookup(batch.column("application_properties"),
                              pa.scalar(f), "first")
 
-    def _send_buffer(self) -> None:
-        with self._buffer_lock:
-            with self._cond:
-                rows, self._buffer = self._buffer, []
-            if rows:
-                self._publish_rows(rows)
+    def _window_full(self, queued: int, n: int) -> bool:
+        """Whether ``n`` more messages would overflow ``max_in_flight``,
+        with ``queued`` messages gathered or taken but not sent (under the
+        lock). A batch larger than the window goes alone."""
+        used = self._confirms.in_flight + queued
+        return (used > 0 and used + n > self.max_in_flight
+                and self._error is None and not self._closed)
 
-    def _publish_rows(self, rows: list[_Row]) -> None:
-        bodies, props, app, ann, filters, futures = zip(*rows, strict=True)
-        columns: dict[str, pa.Array[Any]] = {"body": pa.array(bodies, pa.binary())}
-        if any(p is not None for p in props):
-            columns["properties"] = pa.array(props, PROPERTIES)
-        for key, values in (("application_properties", app),
-                            ("message_annotations", ann)):
-            if any(v is not None for v in values):
-                columns[key] = pa.array(
-                    [None if v is None else [(str(k), str(x)) for k, x in v.items()]
-                     for v in values], STRING_MAP)
-        batch = pa.RecordBatch.from_pydict(columns)
-        filter_values = (pa.array(filters, pa.string())
-                         if any(f is not None for f in filters)
-                         else self._filter_values(batch))
+    def _wait(self, deadline: float | None, timeout: float | None,
+              what: str) -> None:
+        """Wait for the condition once, or raise ``SendTimeout`` past the
+        deadline (under the lock)."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise SendTimeout(f"no room in the in-flight window of {self.stream!r} "
+                              f"(max_in_flight={self.max_in_flight}) {what} "
+                              f"within {timeout:g} s: nothing was sent")
+        self._cond.wait(left)
+
+    def _lock_send(self, deadline: float | None, timeout: float | None) -> None:
+        """Take the send lock; a recovery may hold it while it reconnects,
+        so wait in steps that see a close and the deadline."""
+        while not self._send_lock.acquire(timeout=0.05):
+            with self._cond:
+                self._check()
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._wait(deadline, timeout, "to send a batch")
+
+    def _hand_over(self) -> None:
+        """Have the producer's thread send the buffer now."""
+        self._flush_now.set()
+        self._lingering.set()
+
+    def _send_buffer(self, *, wait: bool) -> None:
+        """Send what ``send`` gathered: from the producer's thread
+        (``wait``: for room in the window and for the send lock), or from
+        ``send`` and ``flush``, which wait for nothing and leave the buffer
+        to that thread when they would have to."""
+        if not self._buffer_lock.acquire(blocking=wait):
+            self._hand_over()
+            return
+        locked = False
         try:
+            if not wait:
+                locked = self._send_lock.acquire(blocking=False)
+            with self._cond:
+                while wait and self._window_full(0, len(self._buffer)):
+                    self._cond.wait()
+                rows = self._buffer
+                if rows and not wait and (
+                        not locked or self._window_full(0, len(rows))):
+                    self._hand_over()
+                    return
+                self._buffer, self._taken = [], len(rows)
+            if rows:
+                self._publish_rows(rows, locked)
+        except Exception:
+            pass  # the futures carry the error
+        finally:
+            if locked:
+                self._send_lock.release()
+            with self._cond:
+                self._taken = 0
+                self._cond.notify_all()
+            self._buffer_lock.release()
+
+    def _publish_rows(self, rows: list[Row], locked: bool) -> None:
+        futures = [row[-1] for row in rows]
+        try:
+            batch, filter_values = rows_batch(rows)
+            if filter_values is None:
+                filter_values = self._filter_values(batch)
             self._publish(batch.column("body"), batch, filter_values, None,
-                          list(futures))
+                          futures, None, None, taken=True, locked=locked)
         except BaseException as exc:
             for f in futures:
                 f.set_exception(exc)
@@ -321,27 +365,35 @@ class Producer:
 
     def _publish(self, bodies: Any, batch: pa.RecordBatch | None,
                  filter_values: Any, publishing_id: int | None,
-                 message_futures: list[Future[int]] | None) -> Future[int]:
+                 message_futures: list[Future[int]] | None,
+                 deadline: float | None, timeout: float | None, *,
+                 taken: bool = False, locked: bool = False) -> ConfirmFuture[int]:
         """Encode and send ``bodies`` (an Arrow array, or a tuple of bytes),
-        with the other columns of ``batch``."""
-        n = len(bodies)
-        with self._cond:
-            # Back-pressure: wait for confirms rather than grow memory (not
-            # under the send lock: recovery needs it to send them again).
-            while (self._in_flight and self._in_flight + n > self.max_in_flight
-                   and self._error is None and not self._closed):
-                self._cond.wait()
-        with self._send_lock:
+        with the other columns of ``batch``. Messages ``taken`` from the
+        buffer had their room in the window when taken; ``locked``: the
+        caller holds the send lock (and releases it)."""
+        if not taken:
+            with self._cond:
+                # Back-pressure: wait for confirms rather than grow memory
+                # (not under the send lock: recovery needs it to send them
+                # again).
+                while self._window_full(self._taken, len(bodies)):
+                    self._wait(deadline, timeout, "to send a batch")
+        if not locked:
+            self._lock_send(deadline, timeout)
+        try:
             with self._cond:
                 self._check()
                 first = self.last_publishing_id + 1
                 if publishing_id is not None:
                     # Ids the broker already has may be sent again (it drops
-                    # them): only this producer's own order must hold.
-                    if publishing_id <= self._last_sent:
+                    # them for a name): the ids awaiting confirms must
+                    # increase, as confirms are matched to them in order.
+                    last = self._confirms.last_pending_id
+                    if last is not None and publishing_id <= last:
                         raise ValueError(f"publishing_id {publishing_id} does not "
-                                         f"follow the last one sent, "
-                                         f"{self._last_sent}")
+                                         f"follow {last}, the last one awaiting "
+                                         "its confirm")
                     first = publishing_id
                 conn = self._connection
             frames, counts = encode_publish(
@@ -352,13 +404,12 @@ class Producer:
                 filter_values=filter_values, amqp=self.amqp,
                 compression=self.compression, sub_batch_size=self.sub_batch_size,
                 max_frame_size=(conn.frame_max if conn else 0) or (1 << 20))
-            record = _Batch(first, counts, frames, message_futures)
+            future: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
+            record = _Batch(first, counts, frames, message_futures, future)
+            future.publishing_ids = (first, record.last_id)
             with self._cond:
-                self._pending.append(record)
-                self._in_flight += record.messages
-                self._stats.published += record.messages
-                self._stats.written_bytes += len(frames)
-                self._last_sent = record.last_id
+                self._check()  # closed or failed meanwhile: nothing is sent
+                self._confirms.add(record)
                 self.last_publishing_id = max(self.last_publishing_id,
                                               record.last_id)
             if conn is not None:
@@ -366,86 +417,24 @@ class Producer:
                     conn.send_bytes(frames)
                 except StreamError:
                     pass  # recovery sends it again
-        return record.future
+        finally:
+            if not locked:
+                self._send_lock.release()
+        return future
 
     # --- confirms (reader thread) -------------------------------------------
 
     def on_confirm(self, frame: memoryview) -> None:
         """The connection's reader thread hands a PublishConfirm frame here:
         its publishing ids settle their futures."""
-        ids = P.confirmed_ids(frame)
-        self._gone_since = None
-        self._settle(ids, [])
+        self._confirms.confirmed(P.confirmed_ids(frame))
 
     def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         """The connection's reader thread hands PublishError entries here:
         their futures raise ``PublishError`` with the broker's code, except
         a refusal for want of the publisher, sent again after recovery."""
-        gone = [e for e in errors if e.code == PublisherDoesNotExist.code]
-        if gone and self._retry_gone():
-            # The broker dropped this publisher (its stream's leader moved)
-            # before the client heard of it: those ids were not written.
-            # They stay pending, and the recovery declares the publisher
-            # again and sends them again.
-            errors = tuple(e for e in errors if e.code != PublisherDoesNotExist.code)
+        if self._confirms.refused(errors, self.recovery_timeout):
             self._lost("publisher_gone")
-        if errors:
-            ids = np.array([e.publishing_id for e in errors], dtype=np.int64)
-            self._settle(ids, [(e.publishing_id, e.code) for e in errors])
-
-    def _retry_gone(self) -> bool:
-        """Whether publishes refused for want of the publisher are sent
-        again: until they have been refused, with no confirm between, for
-        ``recovery_timeout`` seconds (never with 0)."""
-        now = time.monotonic()
-        if self._gone_since is None:
-            self._gone_since = now
-        return now - self._gone_since < self.recovery_timeout
-
-    def _settle(self, ids: np.ndarray, failures: list[tuple[int, int]]) -> None:
-        done = []
-        with self._cond:
-            pending = self._pending
-            if not pending:
-                return
-            starts = np.fromiter((b.first_id for b in pending), np.int64,
-                                 len(pending))
-            ends = np.fromiter((b.last_id for b in pending), np.int64,
-                               len(pending))
-            which = np.searchsorted(starts, ids, side="right") - 1
-            known = (which >= 0) & (ids <= ends[which])
-            hits = np.bincount(which[known], minlength=len(pending))
-            refused = dict(failures)
-            for i in np.nonzero(hits)[0]:
-                b = pending[i]
-                b.settled[ids[known & (which == i)] - b.first_id] = True
-                b.failures += [(pid, c) for pid, c in refused.items()
-                               if b.first_id <= pid <= b.last_id]
-            while pending and pending[0].settled.all():
-                b = pending.popleft()
-                self._in_flight -= b.messages
-                self._count_settled(b)
-                done.append(b)
-            if done:
-                self._cond.notify_all()
-        for b in done:
-            b.resolve()
-
-    def _count_settled(self, b: _Batch, error: BaseException | None = None) -> None:
-        """Count a batch's messages as confirmed or errored (by the broker's
-        code, or the error that failed the producer), under the lock."""
-        stats = self._stats
-        refused = 0
-        for pid, code in b.failures:
-            n = int(b.counts[pid - b.first_id])
-            kind = f"code {code:#04x}"
-            stats.errored[kind] = stats.errored.get(kind, 0) + n
-            refused += n
-        if error is not None:
-            kind = type(error).__name__
-            stats.errored[kind] = stats.errored.get(kind, 0) + b.messages - refused
-        else:
-            stats.confirmed += b.messages - refused
 
     # --- connection and recovery --------------------------------------------
 
@@ -487,11 +476,12 @@ class Producer:
             try:
                 with self._send_lock:
                     connection = self._connect()
+                    if self._is_closed():  # closed while it reconnected
+                        self._disconnect(delete=True)
+                        return
                     with self._cond:
-                        frames = [_unsettled_frames(b, self._publisher_id)
-                                  for b in self._pending]
-                        first = (self._pending[0].first_id if self._pending
-                                 else None)
+                        frames, first = self._confirms.unsettled(
+                            self._publisher_id)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
                         connection.send_bytes(f)
@@ -551,14 +541,14 @@ class Producer:
         self._connection, self._publisher_id = conn, pid
         return conn
 
-    def _disconnect(self, *, delete: bool) -> None:
+    def _disconnect(self, *, delete: bool, timeout: float = 5.0) -> None:
         conn, self._connection = self._connection, None
         if conn is None:
             return
         if delete and conn.is_open:
             try:
                 conn.request(lambda c: P.DeletePublisher(c, self._publisher_id),
-                             "delete publisher", timeout=5.0)
+                             "delete publisher", timeout=timeout)
             except StreamError:
                 pass
         conn.remove_publisher(self._publisher_id)
@@ -568,30 +558,26 @@ class Producer:
         with self._cond:
             if self._error is not None:
                 return
-            self._error = error
-            pending, self._pending = list(self._pending), deque()
-            self._in_flight = 0
-            for b in pending:
-                self._count_settled(b, error)
+            self._error = error  # from now on nothing more is sent
             self._cond.notify_all()
-        for b in pending:
-            b.fail(error)
+        self._confirms.fail_all(error)
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def _check(self) -> None:
         if self._error is not None:
             raise self._error
         if self._closed:
-            raise ConnectionClosed("the producer is closed")
+            raise ProducerClosed(f"the producer of {self.stream!r} is closed")
 
     def _linger_loop(self) -> None:
         while not self._closed:
             self._lingering.wait()
             self._lingering.clear()
-            time.sleep(self.linger)
-            try:
-                self._send_buffer()
-            except StreamError:
-                pass  # the futures carry the error
+            if self._flush_now.wait(self.linger):
+                self._flush_now.clear()
+            self._send_buffer(wait=True)
 
 
 def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
@@ -601,29 +587,14 @@ def _column(batch: pa.RecordBatch | None, name: str) -> pa.Array[Any] | None:
     return None if i < 0 else batch.column(i)
 
 
-def _unsettled_frames(b: _Batch, publisher_id: int) -> bytearray:
-    """The batch's frames that hold a publishing id neither confirmed nor
-    refused, with another publisher id (after a reconnection): a frame
-    the broker confirmed is not sent again, which would store its
-    messages twice for an unnamed producer."""
-    keep = []
-    entry = 0
-    for frame, count in P.publish_frames(memoryview(b.frames)):
-        if not b.settled[entry:entry + count].all():
-            keep.append(frame)
-        entry += count
-    return P.join_publish_frames(keep, publisher_id)
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
 
 
-def _check_symbols(properties: dict[str, Any] | None,
-                   message_annotations: dict[str, Any] | None) -> None:
-    """AMQP symbols are ASCII; the encoder refuses others too, but a single
-    message is encoded later, in the linger thread."""
-    for name in ("content_type", "content_encoding"):
-        value = (properties or {}).get(name)
-        if isinstance(value, str) and not value.isascii():
-            raise ValueError(f"{name} is not ASCII (an AMQP symbol): {value!r}")
-    for key in message_annotations or {}:
-        if not str(key).isascii():  # keys are encoded as str(key)
-            raise ValueError(f"message_annotations: the key {key!r} is not ASCII "
-                             "(keys are AMQP symbols)")
+def _left(deadline: float | None, *, at_least: float,
+          at_most: float | None = None) -> float:
+    """The time left to ``deadline``, within bounds (a wait that must end)."""
+    if deadline is None:
+        return at_most if at_most is not None else at_least
+    left = max(deadline - time.monotonic(), at_least)
+    return left if at_most is None else min(left, at_most)

@@ -18,7 +18,7 @@ import pytest
 
 import pystream
 from pystream import Filter, PublishError, UnsupportedFeature
-from pystream.producer import _Batch
+from pystream.confirms import _Batch
 
 from .conftest import ROOT
 
@@ -181,7 +181,7 @@ def test_back_pressure_bounds_messages_in_flight(client, stream):
         peak = 0
         for _i in range(30):
             p.send_batch([b"x"] * 500)
-            peak = max(peak, p._in_flight)
+            peak = max(peak, p._confirms.in_flight)
         p.flush(30)
     assert peak <= 1000
     assert read_all(client, stream, 15_000).num_rows == 15_000
@@ -300,7 +300,7 @@ def test_recovery_sends_again_only_frames_not_confirmed(modern, stream_name, mon
 
             monkeypatch.setattr(conn, "send_bytes", first_frame_only)
             future = p.send_batch(bodies)
-            (batch,) = p._pending
+            (batch,) = p._confirms.pending
             first = int.from_bytes(memoryview(batch.frames)[9:13], "big")
             assert 0 < first < len(bodies)
             deadline = time.monotonic() + 30
