@@ -340,8 +340,24 @@ class Boom(Exception):
     """The application's processing failed."""
 
 
-def first_after_reopen(client, stream: str, name: str) -> int:
-    """The first record a new consumer named ``name`` reads."""
+def stored_soon(client, stream: str, name: str, expected: int | None) -> int | None:
+    """The offset stored for ``name`` (None if none), given up to 5 s to
+    become ``expected``: StoreOffset has no answer."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            stored = client.query_offset(stream, name)
+        except pystream.NoOffset:
+            stored = None
+        if stored == expected or time.monotonic() > deadline:
+            return stored
+        time.sleep(0.05)
+
+
+def first_after_reopen(client, stream: str, name: str, first: int) -> int:
+    """The first record a new consumer named ``name`` reads, once the broker
+    holds ``first - 1`` (or it has waited for that)."""
+    stored_soon(client, stream, name, first - 1 if first else None)
     with client.consumer(stream, offset="first", name=name) as consumer:
         return consumer.read(1, timeout=10).column("offset")[0].as_py()
 
@@ -357,7 +373,7 @@ def test_exception_in_messages_stores_before_the_failed_record(client, filled, k
             for m in consumer.messages(timeout=5):
                 if m.offset == k:
                     raise Boom
-    assert first_after_reopen(client, filled, "msg") == k
+    assert first_after_reopen(client, filled, "msg", k) == k
 
 
 @pytest.mark.parametrize("how", ["batches", "read"])
@@ -377,7 +393,7 @@ def test_exception_in_batches_or_after_read_stores_no_record_of_it(client, fille
                 if k in offsets:
                     began = offsets[0]
                     raise Boom
-    assert began is not None and first_after_reopen(client, filled, how) == began
+    assert began is not None and first_after_reopen(client, filled, how, began) == began
 
 
 def test_periodic_store_waits_for_the_application_to_come_back(client, filled):
@@ -390,9 +406,8 @@ def test_periodic_store_waits_for_the_application_to_come_back(client, filled):
         with pytest.raises(pystream.NoOffset):
             client.query_offset(filled, "periodic")
         consumer.read(100, timeout=5)  # back for more: the first 100 are done
-        time.sleep(0.3)
-        assert client.query_offset(filled, "periodic") == 99
-    assert client.query_offset(filled, "periodic") == 199  # closed cleanly
+        assert stored_soon(client, filled, "periodic", 99) == 99
+    assert stored_soon(client, filled, "periodic", 199) == 199  # closed cleanly
 
 
 def test_single_active_consumer_deactivated_hands_and_stores_nothing(modern, stream_name):
@@ -417,6 +432,7 @@ def test_single_active_consumer_deactivated_hands_and_stores_nothing(modern, str
             taken = b.read(1000, timeout=10).column("offset").to_pylist()
             after = [m.offset for m in messages]  # what a hands once deactivated
             b.store_offset()
+            assert stored_soon(modern, p1, "sac", taken[-1]) == taken[-1]
             a.close()
             seen = set()
             for _ in range(10):  # a stale store would show
