@@ -23,7 +23,7 @@ from .consumer import Consumer, CopiedBodies
 from .records import Message
 from .subscription import Subscription
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 async def connect(uri: str = "rabbitmq-stream://localhost",
@@ -95,8 +95,8 @@ class AsyncConsumer:
     def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
         return self.batches()
 
-    async def _when_ready(self, take: Callable[[], T | None],
-                          timeout: float | None) -> T | None:
+    async def _when_ready(self, take: Callable[[], _T | None],
+                          timeout: float | None) -> _T | None:
         """What ``take`` (which never waits) takes from the queue, waiting
         up to ``timeout`` seconds for the reader threads to queue some;
         None then or once the consumer ended. A cancellation can land only

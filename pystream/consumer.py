@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pystream.consumer")
 
-T = TypeVar("T")
-R = TypeVar("R")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 # Without batch limits, queued chunks join into one batch while it stays
 # under this many rows (see Consumer._take).
@@ -384,10 +384,10 @@ class Consumer(Subscriptions):
         return self._handed_next(timeout, take, finish)
 
     def _handed_next(self, timeout: float | None,
-                     take: Callable[[Queued, list[tuple[Subscription, int]]], T | None],
-                     finish: Callable[[Queued, T], R],
+                     take: Callable[[Queued, list[tuple[Subscription, int]]], _T | None],
+                     finish: Callable[[Queued, _T], _R],
                      taken: dict[Subscription, int | None] | None = None,
-                     ) -> R | None:
+                     ) -> _R | None:
         """What ``take`` hands from the queue's head (under the lock; None
         if that chunk had nothing for it), made into the result by
         ``finish`` (outside it); None after ``timeout`` seconds or once
