@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from .client import Client
-from .consumer import Consumer, CopiedBodies
+from .consumer import Consumer, MessageCursor
 from .records import Message
 from .subscription import Subscription
 
@@ -153,11 +153,11 @@ class AsyncConsumer:
         """As ``Consumer.messages``: each record is handed as it is yielded,
         so leaving the loop early leaves the rest queued."""
         consumer = self.consumer
-        copied = CopiedBodies()
+        consumer._completed()
+        cursor = MessageCursor(consumer)
         while True:
-            consumer._completed()
             message = await self._when_ready(
-                lambda: consumer._next_message(0, copied), timeout)
+                functools.partial(cursor.next, 0), timeout)
             if message is None:
                 return
             yield message

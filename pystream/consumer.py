@@ -39,16 +39,93 @@ _R = TypeVar("_R")
 JOIN_ROWS = 1024
 
 
-class CopiedBodies:
-    """``messages()`` with ``body="binary"``: the bodies of the chunk it
-    hands, copied off the receive buffer once."""
+class MessageCursor:
+    """Where a ``messages()`` loop is: the chunk it hands record by record
+    (its offsets; with ``body="binary"`` its bodies, copied off the receive
+    buffer once) and the subscription of the record it handed last."""
 
-    __slots__ = ("item", "batch", "base")
+    __slots__ = ("consumer", "item", "offsets", "sub", "copied", "copied_from",
+                 "base")
 
-    def __init__(self) -> None:
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
         self.item: Queued | None = None
-        self.batch: pa.RecordBatch | None = None
+        self.offsets: list[int] = []
+        self.sub: Subscription | None = None
+        self.copied: pa.RecordBatch | None = None
+        self.copied_from: Queued | None = None
         self.base = 0  # the chunk's row at the copy's row 0
+
+    def next(self, timeout: float | None) -> Message | None:
+        """The next record, handed alone; None after ``timeout`` seconds
+        without one or once closed. The application is back for more: the
+        record before is processed."""
+        consumer = self.consumer
+        sends: list[tuple[Subscription, int]] = []
+        sub = None
+        try:  # as in Consumer._handed_next, which this shortens
+            with consumer._lock:
+                last = self.sub
+                if last is not None:
+                    last.completed = last.position
+                    self.sub = None
+                item = self.item
+                queue = consumer._queue
+                # More of the chunk it hands, still at the head of the queue
+                # (it leaves once deactivated, rewound or closed): the
+                # record at hand, with no more than the lock.
+                if (item is not None and queue and queue[0] is item
+                        and not consumer._unreturned
+                        and item.handed < len(self.offsets)):
+                    sub = item.sub
+                    assert sub is not None
+                    row = item.handed
+                    item.handed = row + 1
+                    began = sub.position
+                    sub.position = self.offsets[row] + 1
+                    self.sub = sub
+                    if row + 1 == len(self.offsets):  # the chunk is done
+                        consumer._account(item, sends)
+            if sub is not None:
+                for s, n in sends:
+                    consumer._send_credit(s, n)
+                return self.message(item, row)  # type: ignore[arg-type]
+        except BaseException:
+            if sub is not None:
+                consumer._give_back({sub: began})
+            raise
+        return consumer._handed_next(timeout, self.take, self.message)
+
+    def take(self, item: Queued, sends: list[tuple[Subscription, int]]
+             ) -> int | None:
+        """Under the consumer's lock: hand the next record of the queue's
+        head, its row (None if the chunk had no more)."""
+        sub = item.sub
+        assert sub is not None
+        self.consumer._filter(item)
+        batch = item.batch
+        assert batch is not None
+        if self.item is not item:
+            self.item, self.offsets = item, batch.column(0).to_numpy().tolist()
+        row = item.handed
+        total = batch.num_rows
+        if row < total:
+            item.handed = row + 1
+            sub.position = self.offsets[row] + 1
+            self.sub = sub
+        if item.handed >= total:  # the chunk is done: count it
+            self.consumer._account(item, sends)
+        return row if row < total else None
+
+    def message(self, item: Queued, row: int) -> Message:
+        """Outside the lock: the record at ``row`` of ``item``."""
+        if not self.consumer._copy_bodies:
+            return Message(item.batch, row)  # type: ignore[arg-type]
+        if self.copied_from is not item or self.base > row:
+            # The chunk's rows left, off the receive buffer, copied once.
+            self.copied_from, self.base = item, row
+            self.copied = binary_bodies(item.batch.slice(row))  # type: ignore[union-attr]
+        return Message(self.copied, row - self.base)  # type: ignore[arg-type]
 
 
 class Consumer(Subscriptions):
@@ -220,10 +297,10 @@ class Consumer(Subscriptions):
         seconds without one; convenient, not fast. Each record is handed
         (position, credit, offset tracking) as it is yielded: leaving the
         loop early leaves the rest queued."""
-        copied = CopiedBodies()
+        self._completed()
+        cursor = MessageCursor(self)
         while True:
-            self._completed()
-            message = self._next_message(timeout, copied)
+            message = cursor.next(timeout)
             if message is None:
                 return
             yield message
@@ -362,26 +439,6 @@ class Consumer(Subscriptions):
             return batch
 
         return self._handed_next(timeout, take, finish, taken)
-
-    def _next_message(self, timeout: float | None,
-                      copied: CopiedBodies) -> Message | None:
-        """The next record, handed alone (``messages``)."""
-        def take(item: Queued, sends: list[tuple[Subscription, int]]
-                 ) -> int | None:
-            row = item.handed
-            self._hand(item, sends, 1)
-            return row if item.handed > row else None
-
-        def finish(item: Queued, row: int) -> Message:
-            if not self._copy_bodies:
-                return Message(item.batch, row)  # type: ignore[arg-type]
-            if copied.item is not item or copied.base > row:
-                # The chunk's rows left, off the receive buffer, copied once.
-                copied.item, copied.base = item, row
-                copied.batch = binary_bodies(item.batch.slice(row))  # type: ignore[union-attr]
-            return Message(copied.batch, row - copied.base)  # type: ignore[arg-type]
-
-        return self._handed_next(timeout, take, finish)
 
     def _handed_next(self, timeout: float | None,
                      take: Callable[[Queued, list[tuple[Subscription, int]]], _T | None],
@@ -541,8 +598,7 @@ class Consumer(Subscriptions):
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
         sub = item.sub
-        chunk = item.chunk
-        assert sub is not None and chunk is not None
+        assert sub is not None
         self._filter(item)
         batch = item.batch
         assert batch is not None
@@ -551,13 +607,26 @@ class Consumer(Subscriptions):
         end = total if max_rows is None else min(total, start + max_rows)
         out = batch.slice(start, end - start) if (start or end < total) else batch
         item.handed = end
+        if end < total:
+            sub.position = batch.column(0)[end - 1].as_py() + 1
+        self._account(item, sends)
+        return out
+
+    def _account(self, item: Queued, sends: list[tuple[Subscription, int]]) -> None:
+        """Count the rows of the queue head handed since it was last
+        counted: credit, metrics, offset tracking; a chunk handed whole
+        leaves the queue."""
+        sub, chunk, batch = item.sub, item.chunk, item.batch
+        assert sub is not None and chunk is not None and batch is not None
+        total = batch.num_rows
+        start, end = item.accounted, item.handed
+        item.accounted = end
         before = start / total if total else 0.0
         if end >= total:
             self._queue.popleft()
             sub.position = max(sub.position or 0, chunk.next_offset)
             after = 1.0
         else:
-            sub.position = batch.column(0)[end - 1].as_py() + 1
             after = end / total
         sub.stats.consumed += end - start
         n = sub.credit.handed(chunk.size, before, after)
@@ -569,4 +638,3 @@ class Consumer(Subscriptions):
                 sub.tracker.handed(end - start, sub.completed)
             except StreamError as exc:
                 log.warning("could not store the offset of %r: %s", self.name, exc)
-        return out

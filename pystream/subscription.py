@@ -49,7 +49,8 @@ class Queued:
     """A chunk waiting for the application, or (``sub`` None) the end of the
     consumer with the error to raise there, if any."""
 
-    __slots__ = ("sub", "chunk", "batch", "handed", "filtered", "error")
+    __slots__ = ("sub", "chunk", "batch", "handed", "accounted", "filtered",
+                 "error")
 
     def __init__(self, sub: Subscription | None, chunk: Chunk | None,
                  error: BaseException | None = None) -> None:
@@ -57,6 +58,10 @@ class Queued:
         self.chunk = chunk
         self.batch = chunk.batch if chunk is not None else None
         self.handed = 0          # rows of ``batch`` handed so far
+        # Of those, rows counted for credit, metrics and offset tracking
+        # (``messages()`` counts a chunk's records at its end, or when the
+        # next take from it does).
+        self.accounted = 0
         self.filtered = False    # post filter applied
         self.error = error
 
@@ -212,7 +217,8 @@ class Subscriptions:
         self._decode_options = decode_options
         self._start = start
 
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # the lock of _cond, for short holds
+        self._cond = threading.Condition(self._lock)
         self._queue: deque[Queued] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()

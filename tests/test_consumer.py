@@ -112,6 +112,19 @@ def test_messages_stopped_early_hand_the_rest_once(client, filled):
     assert taken + rest == list(range(N))
 
 
+
+def test_messages_with_binary_bodies_across_chunks(client, filled):
+    """``body="binary"``: each chunk's bodies are copied once, and every
+    record's body is its own, through chunks and a loop left and resumed."""
+    with client.consumer(filled, offset="first", body="binary") as consumer:
+        got = []
+        for m in consumer.messages(timeout=1.0):
+            got.append(m.body)
+            if len(got) == 1234:
+                break
+        got += [m.body for m in consumer.messages(timeout=1.0)]
+    assert got == bodies(N)
+
 def test_coalesced_batches(client, filled):
     with client.consumer(filled, offset="first", max_batch_rows=2000) as consumer:
         time.sleep(0.5)  # let several chunks queue
