@@ -62,8 +62,8 @@ class MessageCursor:
         record before is processed."""
         consumer = self.consumer
         sends: list[tuple[Subscription, int]] = []
-        sub = None
-        try:  # as in Consumer._handed_next, which this shortens
+        sub = row = None
+        try:  # Consumer._handed_next, shortened to the lock's hold
             with consumer._lock:
                 last = self.sub
                 if last is not None:
@@ -71,22 +71,15 @@ class MessageCursor:
                     self.sub = None
                 item = self.item
                 queue = consumer._queue
-                # More of the chunk it hands, still at the head of the queue
-                # (it leaves once deactivated, rewound or closed): the
-                # record at hand, with no more than the lock.
+                # More of its chunk, still at the head of the queue (it
+                # leaves once deactivated, rewound or closed).
                 if (item is not None and queue and queue[0] is item
                         and not consumer._unreturned
                         and item.handed < len(self.offsets)):
+                    began = item.sub.position  # type: ignore[union-attr]
                     sub = item.sub
-                    assert sub is not None
-                    row = item.handed
-                    item.handed = row + 1
-                    began = sub.position
-                    sub.position = self.offsets[row] + 1
-                    self.sub = sub
-                    if row + 1 == len(self.offsets):  # the chunk is done
-                        consumer._account(item, sends)
-            if sub is not None:
+                    row = self.take(item, sends)
+            if row is not None:
                 for s, n in sends:
                     consumer._send_credit(s, n)
                 return self.message(item, row)  # type: ignore[arg-type]
@@ -100,15 +93,14 @@ class MessageCursor:
              ) -> int | None:
         """Under the consumer's lock: hand the next record of the queue's
         head, its row (None if the chunk had no more)."""
+        if self.item is not item:
+            self.consumer._filter(item)
+            self.item = item
+            self.offsets = item.batch.column(0).to_numpy().tolist()  # type: ignore[union-attr]
         sub = item.sub
         assert sub is not None
-        self.consumer._filter(item)
-        batch = item.batch
-        assert batch is not None
-        if self.item is not item:
-            self.item, self.offsets = item, batch.column(0).to_numpy().tolist()
         row = item.handed
-        total = batch.num_rows
+        total = len(self.offsets)
         if row < total:
             item.handed = row + 1
             sub.position = self.offsets[row] + 1
@@ -343,7 +335,7 @@ class Consumer(Subscriptions):
         """Store ``offset`` (default: the last record handed) for ``name``."""
         if self.name is None:
             raise ValueError("only a named consumer has a stored offset")
-        for sub in list(self._subs.values()):
+        for sub in self._subs.values():
             if not sub.active:  # single active: another consumer's to store
                 continue
             last = offset if offset is not None else (
