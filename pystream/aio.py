@@ -12,15 +12,19 @@ the broker (subscribe, admin calls) are sent from other threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from .client import Client
-from .consumer import Consumer
+from .consumer import Consumer, MessageCursor
 from .records import Message
+from .subscription import Subscription
+
+_T = TypeVar("_T")
 
 
 async def connect(uri: str = "rabbitmq-stream://localhost",
@@ -85,20 +89,26 @@ class AsyncConsumer:
     async def __aenter__(self) -> AsyncConsumer:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        # As Consumer.__exit__: leaving with an exception (a cancellation
+        # too) stores only what the application came back for more after.
+        await asyncio.to_thread(self.consumer._close, handed=exc_type is None)
 
     def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
         return self.batches()
 
-    async def _next(self, timeout: float | None,
-                    max_rows: int | None = None) -> pa.RecordBatch | None:
+    async def _when_ready(self, take: Callable[[], _T | None],
+                          timeout: float | None) -> _T | None:
+        """What ``take`` (which never waits) takes from the queue, waiting
+        up to ``timeout`` seconds for the reader threads to queue some;
+        None then or once the consumer ended. A cancellation can land only
+        while it waits, when nothing is taken."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._ready.clear()
-            batch = self.consumer._next_batch(0, max_rows)
-            if batch is not None or self.consumer.closed:
-                return batch
+            got = take()
+            if got is not None or self.consumer.closed:
+                return got
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
@@ -110,29 +120,49 @@ class AsyncConsumer:
     async def batches(self, timeout: float | None = None
                       ) -> AsyncIterator[pa.RecordBatch]:
         """As ``Consumer.batches``."""
-        while (batch := await self._next(timeout)) is not None:
+        consumer = self.consumer
+        while True:
+            consumer._completed()
+            batch = await self._when_ready(lambda: consumer._next_batch(0), timeout)
+            if batch is None:
+                return
             yield batch
 
     async def read(self, max_rows: int, timeout: float | None = None) -> pa.Table:
-        """As ``Consumer.read``."""
+        """As ``Consumer.read``. Cancelled, it gives back the rows it took:
+        the next read starts with them."""
+        consumer = self.consumer
         deadline = None if timeout is None else time.monotonic() + timeout
         parts: list[pa.RecordBatch] = []
         rows = 0
-        while rows < max_rows:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            batch = await self._next(left, max_rows - rows)
-            if batch is None:
-                break
-            parts.append(batch)
-            rows += batch.num_rows
-        return pa.Table.from_batches(parts, schema=self.consumer.schema)
+        taken: dict[Subscription, int | None] = {}
+        consumer._completed()
+        try:
+            while rows < max_rows:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                batch = await self._when_ready(functools.partial(
+                    consumer._next_batch, 0, max_rows - rows, taken), left)
+                if batch is None:
+                    break
+                parts.append(batch)
+                rows += batch.num_rows
+            return pa.Table.from_batches(parts, schema=consumer.schema)
+        except BaseException:
+            consumer._give_back(taken)
+            raise
 
     async def messages(self, timeout: float | None = None) -> AsyncIterator[Message]:
-        """As ``Consumer.messages``, a batch at a time (the position moves
-        to the end of each batch as it is taken)."""
-        while (batch := await self._next(timeout)) is not None:
-            for row in range(batch.num_rows):
-                yield Message(batch, row)
+        """As ``Consumer.messages``: each record is handed as it is yielded,
+        so leaving the loop early leaves the rest queued."""
+        consumer = self.consumer
+        consumer._completed()
+        cursor = MessageCursor(consumer)
+        while True:
+            message = await self._when_ready(
+                functools.partial(cursor.next, 0), timeout)
+            if message is None:
+                return
+            yield message
 
     @property
     def position(self) -> int | None:

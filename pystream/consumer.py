@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
@@ -31,9 +31,93 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pystream.consumer")
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
 # Without batch limits, queued chunks join into one batch while it stays
 # under this many rows (see Consumer._take).
 JOIN_ROWS = 1024
+
+
+class MessageCursor:
+    """Where a ``messages()`` loop is: the chunk it hands record by record
+    (its offsets; with ``body="binary"`` its bodies, copied off the receive
+    buffer once) and the subscription of the record it handed last."""
+
+    __slots__ = ("consumer", "item", "offsets", "sub", "copied", "copied_from",
+                 "base")
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.item: Queued | None = None
+        self.offsets: list[int] = []
+        self.sub: Subscription | None = None
+        self.copied: pa.RecordBatch | None = None
+        self.copied_from: Queued | None = None
+        self.base = 0  # the chunk's row at the copy's row 0
+
+    def next(self, timeout: float | None) -> Message | None:
+        """The next record, handed alone; None after ``timeout`` seconds
+        without one or once closed. The application is back for more: the
+        record before is processed."""
+        consumer = self.consumer
+        sends: list[tuple[Subscription, int]] = []
+        sub = row = None
+        try:  # Consumer._handed_next, shortened to the lock's hold
+            with consumer._lock:
+                last = self.sub
+                if last is not None:
+                    last.completed = last.position
+                    self.sub = None
+                item = self.item
+                queue = consumer._queue
+                # More of its chunk, still at the head of the queue (it
+                # leaves once deactivated, rewound or closed).
+                if (item is not None and queue and queue[0] is item
+                        and not consumer._unreturned
+                        and item.handed < len(self.offsets)):
+                    began = item.sub.position  # type: ignore[union-attr]
+                    sub = item.sub
+                    row = self.take(item, sends)
+            if row is not None:
+                for s, n in sends:
+                    consumer._send_credit(s, n)
+                return self.message(item, row)  # type: ignore[arg-type]
+        except BaseException:
+            if sub is not None:
+                consumer._give_back({sub: began})
+            raise
+        return consumer._handed_next(timeout, self.take, self.message)
+
+    def take(self, item: Queued, sends: list[tuple[Subscription, int]]
+             ) -> int | None:
+        """Under the consumer's lock: hand the next record of the queue's
+        head, its row (None if the chunk had no more)."""
+        if self.item is not item:
+            self.consumer._filter(item)
+            self.item = item
+            self.offsets = item.batch.column(0).to_numpy().tolist()  # type: ignore[union-attr]
+        sub = item.sub
+        assert sub is not None
+        row = item.handed
+        total = len(self.offsets)
+        if row < total:
+            item.handed = row + 1
+            sub.position = self.offsets[row] + 1
+            self.sub = sub
+        if item.handed >= total:  # the chunk is done: count it
+            self.consumer._account(item, sends)
+        return row if row < total else None
+
+    def message(self, item: Queued, row: int) -> Message:
+        """Outside the lock: the record at ``row`` of ``item``."""
+        if not self.consumer._copy_bodies:
+            return Message(item.batch, row)  # type: ignore[arg-type]
+        if self.copied_from is not item or self.base > row:
+            # The chunk's rows left, off the receive buffer, copied once.
+            self.copied_from, self.base = item, row
+            self.copied = binary_bodies(item.batch.slice(row))  # type: ignore[union-attr]
+        return Message(self.copied, row - self.base)  # type: ignore[arg-type]
 
 
 class Consumer(Subscriptions):
@@ -154,8 +238,10 @@ class Consumer(Subscriptions):
     def __enter__(self) -> Consumer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # Leaving with an exception, the records in the application's hands
+        # may not have been processed: only those it came back after count.
+        self._close(handed=exc_type is None)
 
     # --- the application's side ---------------------------------------------
 
@@ -166,6 +252,7 @@ class Consumer(Subscriptions):
         """Batches as they come; ends after ``timeout`` seconds without one
         (never, with None) or when the consumer is closed."""
         while True:
+            self._completed()
             batch = self._next_batch(timeout)
             if batch is None:
                 return
@@ -183,6 +270,7 @@ class Consumer(Subscriptions):
         parts: list[pa.RecordBatch] = []
         rows = 0
         taken: dict[Subscription, int | None] = {}
+        self._completed()
         try:
             while rows < max_rows:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -193,48 +281,21 @@ class Consumer(Subscriptions):
                 rows += batch.num_rows
             return pa.Table.from_batches(parts, schema=self.schema)
         except BaseException:
-            # What it took goes back with the error (see _next_batch).
-            self._unreturned = taken | self._unreturned
-            self._take_back()
+            self._give_back(taken)  # what it took goes back with the error
             raise
 
     def messages(self, timeout: float | None = None) -> Iterator[Message]:
-        """Record by record (``Message`` views); convenient, not fast. The
-        position moves with each record; a chunk's credit and stored offset
-        once all its records were taken."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Record by record (``Message`` views), ending after ``timeout``
+        seconds without one; convenient, not fast. Each record is handed
+        (position, credit, offset tracking) as it is yielded: leaving the
+        loop early leaves the rest queued."""
+        self._completed()
+        cursor = MessageCursor(self)
         while True:
-            self._take_back()
-            try:
-                with self._cond:
-                    item = self._head(deadline)
-                    if item is None:
-                        return
-                    self._filter(item)
-            finally:
-                self._end_read()
-            sub, batch, start = item.sub, item.batch, item.handed
-            assert sub is not None and batch is not None
-            if self._copy_bodies:  # the rows left, off the receive buffer
-                batch, start = binary_bodies(batch.slice(start)), 0
-            offsets = batch.column(0).to_numpy()
-            row = start - 1  # the last row yielded: the application has it
-            try:
-                for row in range(start, batch.num_rows):
-                    sub.position = int(offsets[row]) + 1
-                    yield Message(batch, row)
-            finally:
-                # Also when the application stops early (closing the
-                # generator): what it took is handed, the rest stays queued.
-                taken = row + 1 - start
-                sends: list[tuple[Subscription, int]] = []
-                with self._cond:
-                    if taken and self._queue and self._queue[0] is item:
-                        self._hand(item, sends, taken)
-                for s, n in sends:
-                    self._send_credit(s, n)
-            if timeout is not None:
-                deadline = time.monotonic() + timeout
+            message = cursor.next(timeout)
+            if message is None:
+                return
+            yield message
 
     @property
     def position(self) -> int | None:
@@ -275,6 +336,8 @@ class Consumer(Subscriptions):
         if self.name is None:
             raise ValueError("only a named consumer has a stored offset")
         for sub in self._subs.values():
+            if not sub.active:  # single active: another consumer's to store
+                continue
             last = offset if offset is not None else (
                 None if sub.position is None else sub.position - 1)
             if last is not None and last >= 0:
@@ -298,37 +361,86 @@ class Consumer(Subscriptions):
             self._wakers.append(waker)
 
     def close(self) -> None:
-        """Store the offset (named consumers), unsubscribe, free the
-        connections. Iteration in other threads ends."""
+        """Store the offset of the last record handed (named consumers),
+        unsubscribe, free the connections. Iteration in other threads ends."""
+        self._close(handed=True)
+
+    def _close(self, *, handed: bool) -> None:
+        """``close``; storing, with ``handed`` False, only what was
+        processed (``Subscription.completed``)."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             for sub, position in self._unreturned.items():  # for the store
-                sub.position = position
+                sub.rewound(position)
             subs = list(self._subs.values())
+            # A subscription single active elsewhere stores nothing: the
+            # active consumer's progress is not this one's to overwrite.
+            stores = [(sub, sub.position if handed else sub.completed)
+                      for sub in subs if sub.tracker is not None and sub.active]
             for sub in subs:
                 sub.live = False
             self._queue.clear()
             self._notify()
             self._interrupt_reads()
         self._maintenance.set()
+        for sub, position in stores:
+            try:
+                sub.tracker.flush(position)  # type: ignore[union-attr]
+            except StreamError as exc:
+                log.warning("could not store the offset of %r: %s",
+                            self.name, exc)
         for sub in subs:
-            if sub.tracker is not None:
-                try:
-                    sub.tracker.flush(sub.position)
-                except StreamError as exc:
-                    log.warning("could not store the offset of %r: %s",
-                                self.name, exc)
             self._unsubscribe(sub)
 
     # --- taking from the queue ------------------------------------------------
+
+    def _completed(self) -> None:
+        """The application is back for more: the records handed so far were
+        processed (what a named consumer leaving with an exception stores)."""
+        with self._cond:
+            for sub in self._subs.values():
+                sub.completed = sub.position
+
+    def _give_back(self, taken: dict[Subscription, int | None]) -> None:
+        """Rewind to where ``taken`` says the rows an exception kept from
+        the application began (at once, or on the next call if interrupted
+        here)."""
+        self._unreturned = taken | self._unreturned
+        self._take_back()
 
     def _next_batch(self, timeout: float | None, max_rows: int | None = None,
                     taken: dict[Subscription, int | None] | None = None,
                     ) -> pa.RecordBatch | None:
         """The next batch; ``taken`` learns where the first take of each
         subscription began (where ``read`` rewinds to)."""
+        def take(item: Queued, sends: list[tuple[Subscription, int]]
+                 ) -> list[pa.RecordBatch] | None:
+            return self._take(item, sends, max_rows) or None
+
+        def finish(item: Queued, parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+            # Joined outside the lock: the reader threads queue meanwhile.
+            batch = (parts[0] if len(parts) == 1 else
+                     pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
+            if self._copy_bodies:
+                batch = binary_bodies(batch)
+            if self.super_stream is not None:
+                batch = batch.replace_schema_metadata(
+                    {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
+            return batch
+
+        return self._handed_next(timeout, take, finish, taken)
+
+    def _handed_next(self, timeout: float | None,
+                     take: Callable[[Queued, list[tuple[Subscription, int]]], _T | None],
+                     finish: Callable[[Queued, _T], _R],
+                     taken: dict[Subscription, int | None] | None = None,
+                     ) -> _R | None:
+        """What ``take`` hands from the queue's head (under the lock; None
+        if that chunk had nothing for it), made into the result by
+        ``finish`` (outside it); None after ``timeout`` seconds or once
+        closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._take_back()
@@ -346,25 +458,17 @@ class Consumer(Subscriptions):
                             return None
                         assert item.sub is not None
                         began[item.sub] = self._next_offset(item)
-                        parts = self._take(item, sends, max_rows)
+                        got = take(item, sends)
                     for sub, n in sends:
                         self._send_credit(sub, n)
-                    if parts:
-                        # Joined outside the lock: the reader threads queue meanwhile.
-                        batch = (parts[0] if len(parts) == 1 else
-                                 pa.concat_batches(parts))  # type: ignore[attr-defined]  # pyarrow 19+; pyarrow-stubs 20 lacks it
-                        if self._copy_bodies:
-                            batch = binary_bodies(batch)
-                        if self.super_stream is not None:
-                            batch = batch.replace_schema_metadata(
-                                {b"stream": item.sub.stream.encode()})
+                    if got is not None:
+                        result = finish(item, got)
                         if taken is not None:
                             for sub, offset in began.items():
                                 taken.setdefault(sub, offset)
-                        return batch
+                        return result
                 except BaseException:
-                    self._unreturned = began | self._unreturned
-                    self._take_back()
+                    self._give_back(began)
                     raise
         finally:
             self._end_read()
@@ -487,8 +591,7 @@ class Consumer(Subscriptions):
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
         sub = item.sub
-        chunk = item.chunk
-        assert sub is not None and chunk is not None
+        assert sub is not None
         self._filter(item)
         batch = item.batch
         assert batch is not None
@@ -497,13 +600,26 @@ class Consumer(Subscriptions):
         end = total if max_rows is None else min(total, start + max_rows)
         out = batch.slice(start, end - start) if (start or end < total) else batch
         item.handed = end
+        if end < total:
+            sub.position = batch.column(0)[end - 1].as_py() + 1
+        self._account(item, sends)
+        return out
+
+    def _account(self, item: Queued, sends: list[tuple[Subscription, int]]) -> None:
+        """Count the rows of the queue head handed since it was last
+        counted: credit, metrics, offset tracking; a chunk handed whole
+        leaves the queue."""
+        sub, chunk, batch = item.sub, item.chunk, item.batch
+        assert sub is not None and chunk is not None and batch is not None
+        total = batch.num_rows
+        start, end = item.accounted, item.handed
+        item.accounted = end
         before = start / total if total else 0.0
         if end >= total:
             self._queue.popleft()
             sub.position = max(sub.position or 0, chunk.next_offset)
             after = 1.0
         else:
-            sub.position = batch.column(0)[end - 1].as_py() + 1
             after = end / total
         sub.count_handed(chunk, batch, start, end)
         n = sub.credit.handed(item.cost, before, after)
@@ -511,7 +627,7 @@ class Consumer(Subscriptions):
             sends.append((sub, n))
         if sub.tracker is not None and end > start:
             try:
-                sub.tracker.handed(end - start, sub.position)
+                # Up to what was processed, not what is being handed.
+                sub.tracker.handed(end - start, sub.completed)
             except StreamError as exc:
                 log.warning("could not store the offset of %r: %s", self.name, exc)
-        return out

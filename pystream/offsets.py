@@ -4,8 +4,10 @@ progress is stored.
 An offset counts records (not entries, not chunks): the first record of a
 stream is 0, and a sub-batch of 100 records occupies 100 offsets.
 A consumer's *position* is the offset of the next record it will hand to the
-application; the broker stores, for a consumer name, the offset of the last
-record handed (``position - 1``), as the other clients do.
+application; the broker stores, for a consumer name, the offset of a record
+before it: the last one handed (``position - 1``, as the other clients do) on
+a clean close or ``store_offset()``, otherwise the last one the application
+processed (it came back for more after it). docs/consuming.md has the table.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ def offset_spec(offset: Offset) -> P.OffsetSpec:
 class OffsetTracker:
     """Stores a named consumer's position every ``every_records`` records or
     ``every_seconds`` seconds (checked as records are handed), and on demand.
-    ``store(offset)`` receives the last handed offset."""
+    It is given a position (the next offset) and ``store(offset)`` receives
+    the offset before it: the consumer gives the position up to which the
+    application processed (``Subscription.completed``), not the records it
+    is handing, so an offset is never stored past failed work."""
 
     def __init__(self, store: Callable[[int], None], *, every_records: int,
                  every_seconds: float) -> None:
@@ -58,7 +63,7 @@ class OffsetTracker:
         self._pending_records = 0
         self._last_time = time.monotonic()
 
-    def handed(self, records: int, position: int) -> None:
+    def handed(self, records: int, position: int | None) -> None:
         self._pending_records += records
         if (self._pending_records >= self.every_records
                 or time.monotonic() - self._last_time >= self.every_seconds):

@@ -54,7 +54,8 @@ class Queued:
     """A chunk waiting for the application, or (``sub`` None) the end of the
     consumer with the error to raise there, if any."""
 
-    __slots__ = ("sub", "chunk", "batch", "handed", "filtered", "error")
+    __slots__ = ("sub", "chunk", "batch", "handed", "accounted", "filtered",
+                 "error")
 
     def __init__(self, sub: Subscription | None, chunk: Chunk | None,
                  error: BaseException | None = None) -> None:
@@ -62,6 +63,10 @@ class Queued:
         self.chunk = chunk
         self.batch = chunk.batch if chunk is not None else None
         self.handed = 0          # rows of ``batch`` handed so far
+        # Of those, rows counted for credit, metrics and offset tracking
+        # (``messages()`` counts a chunk's records at its end, or when the
+        # next take from it does).
+        self.accounted = 0
         self.filtered = False    # post filter applied
         self.error = error
 
@@ -87,6 +92,10 @@ class Subscription:
         self.stream = stream
         self.start = start                  # offset of a fresh subscription
         self.position = position            # next offset for the application
+        # Records before this offset were processed: the application came
+        # back for more after them (``Consumer._completed``). What a named
+        # consumer stores unless it closes cleanly.
+        self.completed = position
         self.received: int | None = None    # next offset after the last chunk received
         self.committed_chunk_id: int | None = None
         self.credit = CreditController(consumer.credit_policy,
@@ -120,6 +129,13 @@ class Subscription:
         if self.position is not None:
             return P.OffsetSpec(P.OFFSET_OFFSET, self.position)
         return self.start
+
+    def rewound(self, position: int | None) -> None:
+        """Records from ``position`` on go to the application again (under
+        the consumer's lock)."""
+        self.position = position
+        if position is not None and self.completed is not None:
+            self.completed = min(self.completed, position)
 
     def store_offset(self, offset: int) -> None:
         conn = self.connection
@@ -240,7 +256,8 @@ class Subscriptions:
         self._decode_options = decode_options
         self._start = start
 
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # the lock of _cond, for short holds
+        self._cond = threading.Condition(self._lock)
         self._queue: deque[Queued] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()
@@ -428,7 +445,7 @@ class Subscriptions:
                 if position is None:  # nothing handed yet: from what came
                     position = next((q.chunk.first_offset for q in self._queue
                                      if q.sub is sub and q.chunk is not None), None)
-                sub.position = position
+                sub.rewound(position)
                 sub.rewinds += 1
                 self._drop_queued(sub)
                 if sub.live:  # else broken already: recovery starts there
@@ -541,8 +558,12 @@ class Subscriptions:
         spec = P.OffsetSpec(P.OFFSET_NEXT)
         try:
             with self._cond:
+                # Deactivated: nothing more is handed (what is queued goes,
+                # ``messages()`` takes record by record) and, past the store
+                # below, nothing is stored (close and store_offset skip it).
                 self._drop_queued(sub)
                 sub.active = active
+                completed = sub.completed
             if active:
                 spec = sub.start
                 try:
@@ -553,12 +574,16 @@ class Subscriptions:
                     if sub.position is not None:
                         spec = P.OffsetSpec(P.OFFSET_OFFSET, sub.position)
                 if spec.type == P.OFFSET_OFFSET:
-                    sub.position = spec.value
+                    with self._cond:
+                        sub.position = sub.completed = spec.value
                     conn.update_subscription(
                         sub.subscription_id, start_offset=spec.value,
                         **self._decode_options)
             elif sub.tracker is not None:
-                sub.tracker.flush(sub.position)
+                # What was processed: the consumer taking over resumes there,
+                # so a record handed and still in the application's hands
+                # is read again rather than lost.
+                sub.tracker.flush(completed)
             conn.send(P.ConsumerUpdateResponse(corr, P.RESPONSE_OK, spec))
         except StreamError as exc:
             log.warning("consumer update of %r failed: %s", sub.stream, exc)

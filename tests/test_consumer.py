@@ -112,6 +112,19 @@ def test_messages_stopped_early_hand_the_rest_once(client, filled):
     assert taken + rest == list(range(N))
 
 
+
+def test_messages_with_binary_bodies_across_chunks(client, filled):
+    """``body="binary"``: each chunk's bodies are copied once, and every
+    record's body is its own, through chunks and a loop left and resumed."""
+    with client.consumer(filled, offset="first", body="binary") as consumer:
+        got = []
+        for m in consumer.messages(timeout=1.0):
+            got.append(m.body)
+            if len(got) == 1234:
+                break
+        got += [m.body for m in consumer.messages(timeout=1.0)]
+    assert got == bodies(N)
+
 def test_coalesced_batches(client, filled):
     with client.consumer(filled, offset="first", max_batch_rows=2000) as consumer:
         time.sleep(0.5)  # let several chunks queue
@@ -334,6 +347,118 @@ def test_single_active_consumer_failover(modern, stream_name):
     finally:
         modern.delete_stream(stream_name)
 
+
+
+class Boom(Exception):
+    """The application's processing failed."""
+
+
+def stored_soon(client, stream: str, name: str, expected: int | None) -> int | None:
+    """The offset stored for ``name`` (None if none), given up to 5 s to
+    become ``expected``: StoreOffset has no answer."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            stored = client.query_offset(stream, name)
+        except pystream.NoOffset:
+            stored = None
+        if stored == expected or time.monotonic() > deadline:
+            return stored
+        time.sleep(0.05)
+
+
+def first_after_reopen(client, stream: str, name: str, first: int) -> int:
+    """The first record a new consumer named ``name`` reads, once the broker
+    holds ``first - 1`` (or it has waited for that)."""
+    stored_soon(client, stream, name, first - 1 if first else None)
+    with client.consumer(stream, offset="first", name=name) as consumer:
+        return consumer.read(1, timeout=10).column("offset")[0].as_py()
+
+
+@pytest.mark.parametrize("k", [0, 1, 1500, N - 1])
+def test_exception_in_messages_stores_before_the_failed_record(client, filled, k):
+    """Processing record ``k`` of ``messages()`` raises through the
+    with-block: the stored offset is ``k - 1`` (record by record stores
+    included), so the consumer of that name starts again with ``k``."""
+    with pytest.raises(Boom):
+        with client.consumer(filled, offset="first", name="msg",
+                             store_every_records=1) as consumer:
+            for m in consumer.messages(timeout=5):
+                if m.offset == k:
+                    raise Boom
+    assert first_after_reopen(client, filled, "msg", k) == k
+
+
+@pytest.mark.parametrize("how", ["batches", "read"])
+def test_exception_in_batches_or_after_read_stores_no_record_of_it(client, filled, how):
+    """Processing a batch (or a read's table) raises through the
+    with-block at record k: the consumer of that name starts again at or
+    before k, with the first record of what was being processed."""
+    k = 2345
+    began = None
+    with pytest.raises(Boom):
+        with client.consumer(filled, offset="first", name=how,
+                             store_every_records=1) as consumer:
+            while True:
+                part = (next(consumer.batches(timeout=5)) if how == "batches"
+                        else consumer.read(700, timeout=5))
+                offsets = part.column("offset").to_pylist()
+                if k in offsets:
+                    began = offsets[0]
+                    raise Boom
+    assert began is not None and first_after_reopen(client, filled, how, began) == began
+
+
+def test_periodic_store_waits_for_the_application_to_come_back(client, filled):
+    """Stores while reading cover what the application came back for more
+    after, never the records it was handed and still holds."""
+    with client.consumer(filled, offset="first", name="periodic",
+                         store_every_records=1) as consumer:
+        consumer.read(100, timeout=5)
+        time.sleep(0.3)  # StoreOffset has no answer
+        with pytest.raises(pystream.NoOffset):
+            client.query_offset(filled, "periodic")
+        consumer.read(100, timeout=5)  # back for more: the first 100 are done
+        assert stored_soon(client, filled, "periodic", 99) == 99
+    assert stored_soon(client, filled, "periodic", 199) == 199  # closed cleanly
+
+
+def test_single_active_consumer_deactivated_hands_and_stores_nothing(modern, stream_name):
+    """A super stream's second consumer takes a partition over (the broker
+    deactivates the first with a ConsumerUpdate): the first hands no more
+    of it, not even the rest of the chunk its messages() was in, and its
+    close does not store over the new consumer's progress."""
+    modern.create_super_stream(stream_name, partitions=2)
+    try:
+        p0, p1 = modern.partitions(stream_name)
+        publish(modern, p1, [amqp_message(b) for b in bodies(N)])
+        options = dict(super_stream=stream_name, offset="first", name="sac",
+                       single_active=True)
+        a = modern.consumer(None, **options)
+        b = None
+        try:
+            messages = a.messages(timeout=2)
+            held = [next(messages).offset for _ in range(10)]
+            assert a.positions == {p0: None, p1: 10}
+            # Partition 1 goes to the group's second consumer.
+            b = modern.consumer(None, **options)
+            taken = b.read(1000, timeout=10).column("offset").to_pylist()
+            after = [m.offset for m in messages]  # what a hands once deactivated
+            b.store_offset()
+            assert stored_soon(modern, p1, "sac", taken[-1]) == taken[-1]
+            a.close()
+            seen = set()
+            for _ in range(10):  # a stale store would show
+                seen.add(modern.query_offset(p1, "sac"))
+                time.sleep(0.1)
+            assert (after, seen) == ([], {taken[-1]})
+            assert taken[0] == held[-1]  # a held 9, unfinished, when deactivated
+        finally:
+            a.close()
+            if b is not None:
+                b.close()
+    finally:
+        modern.delete_super_stream(stream_name)
 
 def test_super_stream(modern, stream_name):
     modern.create_super_stream(stream_name, partitions=3)
