@@ -113,7 +113,10 @@ class AsyncConsumer:
             if left is not None and left <= 0:
                 return None
             try:
-                await asyncio.wait_for(self._ready.wait(), left)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow
+                # a cancellation that lands as the event is set.
+                async with asyncio.timeout(left):
+                    await self._ready.wait()
             except TimeoutError:
                 return None
 

@@ -508,16 +508,18 @@ async def _aio(run: Run, stream: str) -> None:
         while not run.finished():
             consumer = await client.consumer(stream, offset="first", name=run.tag)
             try:
-                if run.fault == "cancel":
-                    await _cancelled_reads(run, consumer)
-                    return
-                while not run.finished():
-                    table = await consumer.read(1000, timeout=0.5)
-                    run.process(table.column("body"), table.column("offset").to_numpy())
+                # async with, as the docs say: leaving it with an exception
+                # stores only what was processed (a close() in a finally
+                # cannot see the exception).
+                async with consumer:
+                    if run.fault == "cancel":
+                        await _cancelled_reads(run, consumer)
+                        return
+                    while not run.finished():
+                        table = await consumer.read(1000, timeout=0.5)
+                        run.process(table.column("body"), table.column("offset").to_numpy())
             except AppError as exc:
                 run.cell.events.append(f"AppError: {exc} (consumer closed, opened again)")
-            finally:
-                await consumer.close()
     finally:
         await client.close()
 

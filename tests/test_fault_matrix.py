@@ -17,17 +17,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 # Cells failing for library bugs being fixed (strict=False: some fail on
 # some runs only); remove a line once its fix is merged.
-STORED_PAST_FAILURE = ("a consumer closed by the application's exception stores "
-                       "the offset past the batch whose processing failed: the "
-                       "consumer opened again skips it")
 KNOWN: dict[tuple[str, str], str] = {
-    ("consumer", "exception"): STORED_PAST_FAILURE,
-    ("aio", "exception"): STORED_PAST_FAILURE,
-    ("sac", "exception"): STORED_PAST_FAILURE,
-    ("super", "exception"): STORED_PAST_FAILURE,
-    ("aio", "cancel"): "AsyncConsumer.read drops the rows it took when cancelled "
-                       "(and on Python 3.11 asyncio.wait_for may swallow the "
-                       "cancellation)",
     ("range", "pause"): "read_range handed a chunk twice after the connection was "
                         "lost to the heartbeat (seen in one run, on a loaded machine)",
     ("range-filtered", "pause"): "as range/pause",
