@@ -1,8 +1,8 @@
 """End-to-end consumer benchmark: how fast can Python read a RabbitMQ stream?
 
-    .venv/bin/python bench/bench_consume.py                   # everything, 5 runs
-    .venv/bin/python bench/bench_consume.py --only wire,pystream --repeat 3
-    .venv/bin/python bench/bench_consume.py --rows 1k --json ''
+    .venv/bin/python -m bench.bench_consume                   # everything, 5 runs
+    .venv/bin/python -m bench.bench_consume --only wire,pystream --repeat 3
+    .venv/bin/python -m bench.bench_consume --rows 1k --json ''
 
 What it measures
 ----------------
@@ -53,15 +53,8 @@ Targets: pystream >= 95 % of the wire limit in the ``100b`` and ``1k`` rows.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
-from harness import PROGRESS, Window  # noqa: E402
+from bench import harness
+from bench.harness import PROGRESS, Window
 
 CLIENTS = ("wire", "pystream", "pystream-raw", "rbfly", "rstream")
 DEFAULT = ("wire", "pystream", "rbfly", "rstream")
@@ -248,7 +241,7 @@ def run_one(args, row: dict, reader: str) -> dict:
     if reader == "wire":
         return harness.run_wire("consume", args.uri, row["stream"], row["messages"],
                                 args.wire_window, timeout=args.timeout)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+    cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
            "--child", reader, "--stream", row["stream"],
            "--target", str(row["messages"]), "--body-size", str(row["body_size"]),
            "--stall", str(args.stall)]

@@ -1,9 +1,9 @@
 """Publish-to-application latency: how long after a message is sent does a
 Python consumer hand it to the application?
 
-    .venv/bin/python bench/bench_latency.py                 # everything, 3 runs, ~12 min
-    .venv/bin/python bench/bench_latency.py --rates 1000,10000 --seconds 5
-    .venv/bin/python bench/bench_latency.py --only pystream --json latency.json
+    .venv/bin/python -m bench.bench_latency                 # everything, 3 runs, ~12 min
+    .venv/bin/python -m bench.bench_latency --rates 1000,10000 --seconds 5
+    .venv/bin/python -m bench.bench_latency --only pystream --json latency.json
 
 What it measures
 ----------------
@@ -78,7 +78,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -88,12 +87,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from bench import harness
+from bench.harness import PROGRESS, fmt_rate, make_body
 
-import harness  # noqa: E402
-from harness import PROGRESS, fmt_rate, make_body  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 STREAM = "bench-latency"
 CLIENTS = ("wire", "pystream", "rbfly", "rstream")
@@ -409,7 +406,7 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def child_cmd(args: argparse.Namespace, role: str, *extra: str) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+    return [*harness.self_cmd(__spec__), "--uri", args.uri,
             "--child", role, "--stream", STREAM, "--warmup", str(args.warmup),
             "--stall", str(args.stall), "--size", str(args.size), *extra]
 

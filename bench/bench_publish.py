@@ -1,9 +1,9 @@
 """End-to-end publisher benchmark: how fast can Python publish to a RabbitMQ
 stream, every message confirmed?
 
-    .venv/bin/python bench/bench_publish.py                  # everything, 5 runs
-    .venv/bin/python bench/bench_publish.py --only wire,pystream-arrow --repeat 3
-    .venv/bin/python bench/bench_publish.py --rows 100b-peers --json ''
+    .venv/bin/python -m bench.bench_publish                  # everything, 5 runs
+    .venv/bin/python -m bench.bench_publish --only wire,pystream-arrow --repeat 3
+    .venv/bin/python -m bench.bench_publish --rows 100b-peers --json ''
 
 What it measures
 ----------------
@@ -57,17 +57,10 @@ and rstream.
 from __future__ import annotations
 
 import gc
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
-from harness import PROGRESS, Window, make_body  # noqa: E402
-
-from pystream.errors import StreamError  # noqa: E402
+from bench import harness
+from bench.harness import PROGRESS, Window, make_body
+from pystream.errors import StreamError
 
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw", "rbfly",
            "rstream", "rstream-raw")
@@ -297,7 +290,7 @@ def one_run(args, client: str, target: int, name: str) -> dict:
             res = harness.run_wire("publish", args.uri, name, target,
                                    args.body_size, in_flight, timeout=args.timeout)
         else:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+            cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
                    "--child", client, "--stream", name, "--target", str(target),
                    "--body-size", str(args.body_size), "--batch", str(batch),
                    "--in-flight", str(in_flight), "--stall", str(args.stall),

@@ -1,9 +1,9 @@
 """The benchmark figures of README.md and of the documentation pages,
 rendered from the stored results.
 
-    .venv/bin/python bench/report.py            # rewrite the blocks of README.md and docs/
-    .venv/bin/python bench/report.py --check    # exit 1 if a block differs from the results
-    .venv/bin/python bench/report.py FILE ...   # only these files
+    .venv/bin/python -m bench.report            # rewrite the blocks of README.md and docs/
+    .venv/bin/python -m bench.report --check    # exit 1 if a block differs from the results
+    .venv/bin/python -m bench.report FILE ...   # only these files
 
 Every figure of README.md's "How fast", of the Benchmarks page
 (docs/benchmarks.md), and of any other page under docs/ (the decode table
@@ -25,11 +25,8 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from report_distance import distance_block  # noqa: E402
-from report_format import (  # noqa: E402
+from bench.report_distance import distance_block
+from bench.report_format import (
     count,
     failures,
     load,
@@ -42,8 +39,10 @@ from report_format import (  # noqa: E402
     rate,
     verdict,
 )
-from report_otel import otel_block  # noqa: E402
-from report_partitions import partitions_block  # noqa: E402
+from bench.report_otel import otel_block
+from bench.report_partitions import partitions_block
+
+HERE = Path(__file__).resolve().parent
 
 README = HERE.parent / "README.md"
 DOCS = HERE.parent / "docs"
@@ -542,7 +541,7 @@ def main() -> int:
         if new == text:
             continue
         if args.check:
-            print(f"{path}: figures differ from bench/results (run bench/report.py)",
+            print(f"{path}: figures differ from bench/results (run python -m bench.report)",
                   file=sys.stderr)
             differ = True
         else:

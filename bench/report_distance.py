@@ -4,7 +4,7 @@ publishing through the delay relay at each added round-trip time."""
 
 from __future__ import annotations
 
-from report_format import count, load, load_range, machine_line, pct, rate, verdict
+from bench.report_format import count, load, load_range, machine_line, pct, rate, verdict
 
 DISTANCE_TARGET = 0.90          # pystream at the farthest, of its rate at 0 ms
 PEERS = ("rbfly", "rstream")

@@ -4,19 +4,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+
+from bench import report, report_otel
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("bench_report",
-                                                  ROOT / "bench" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return report
 
 
 def test_figures_are_rendered_from_the_stored_results():
@@ -32,7 +29,7 @@ def test_figures_are_rendered_from_the_stored_results():
                             strict=True):
             assert old.group(0) == new.group(0), (
                 f"{page.relative_to(ROOT)}: block bench:{old.group('name')} differs from "
-                "what bench/report.py renders from bench/results: run bench/report.py")
+                "what bench/report.py renders from bench/results: run python -m bench.report")
         assert rendered == text
     assert {"how-fast", "targets", "consume", "publish", "latency",
             "decode", "otel", "spark", "spark-io", "distance"} <= blocks
@@ -68,7 +65,6 @@ def test_the_metrics_cost_is_rendered_from_the_harness_results():
             assert all("load" in r for r in c["runs"])
     block = report.otel_block()
     assert "| median of" in block and "load average" in block
-    import report_otel  # bench/ is on the path once report.py is loaded
     spreads = [report_otel.spread(c["summary"]) for row in res["rows"].values()
                for c in row["clients"].values()]
     verdict = next(x for x in block.splitlines() if x.startswith("Target, "))
