@@ -1,9 +1,9 @@
 """The one harness of the benchmarks: arguments, runs in fresh processes
-taken in turns, the C wire limits, medians, and the stored results.
+taken in turns, the C reference clients, medians, and the stored results.
 
 Every script (bench_consume, bench_publish, bench_latency, bench_decode,
 bench_spark) builds its parser with ``parser()``, runs each measurement
-with ``run_child`` (or ``run_wire`` for the C limits), takes the clients in
+with ``run_child`` (or ``run_wire`` for the C reference clients), takes the clients in
 turn within each repetition (``interleave``) so the machine's noise hits all
 of them alike, and writes ``bench/results/<name>.json`` with
 ``write_results``: per run the figures, the measuring process's and the
@@ -420,7 +420,8 @@ def label(client: str) -> str:
 def banner(info: dict, what: str) -> None:
     v = info["versions"]
     print(f"{what}: RabbitMQ {info['broker']} at {info['broker_address']}; "
-          f"{info['cores']} cores ({info['cpu_model']}); python {info['python']}; "
+          f"{info['cores']} cores ({info['cpu_model']}, {info['cpu_class']}; CRC: "
+          f"{info['code_paths']['crc']}); python {info['python']}; "
           + ", ".join(f"{k} {x}" for k, x in v.items() if x)
           + f"; commit {info['commit'][:12]}; load {info['loadavg_start']}",
           flush=True)

@@ -78,6 +78,51 @@ def cpu_model() -> str:
     return platform.processor() or "?"
 
 
+# The CPU flags that choose a code path (the CRC-32's: csrc/crc.c and
+# ISA-L's dispatcher), as /proc/cpuinfo names them: "flags" on x86-64,
+# "Features" on aarch64.
+PATH_FLAGS = ("pclmulqdq", "vpclmulqdq", "avx2", "avx512f", "avx512bw", "avx512vl",
+              "avx512dq", "avx512cd", "pmull", "crc32")
+
+
+def cpu_flags() -> list[str]:
+    """Those of ``PATH_FLAGS`` the first CPU of /proc/cpuinfo has."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            have = set(value.split())
+            return [f for f in PATH_FLAGS if f in have]
+    return []
+
+
+def cpu_class(machine: str, flags: list[str]) -> str:
+    """A short name for the CPUs that run the same code paths, such as
+    "x86-64 AVX-512+VPCLMUL": figures are comparable within a class."""
+    have = set(flags)
+    if machine in ("x86_64", "AMD64"):
+        if {"avx512f", "avx512bw", "avx512vl", "vpclmulqdq"} <= have:
+            return "x86-64 AVX-512+VPCLMUL"
+        if {"avx2", "vpclmulqdq"} <= have:
+            return "x86-64 AVX2+VPCLMUL"
+        if {"avx2", "pclmulqdq"} <= have:
+            return "x86-64 AVX2+PCLMUL"
+        return "x86-64 PCLMUL" if "pclmulqdq" in have else "x86-64 no CLMUL"
+    if machine in ("aarch64", "arm64"):
+        return "aarch64 PMULL" if "pmull" in have else "aarch64 no PMULL"
+    return machine or "?"
+
+
+def code_paths() -> dict[str, object]:
+    """The extension's own account of the paths it runs on this CPU
+    (pystream._core._code_paths: the CRC-32 code, the two-thread split)."""
+    from pystream._core import _code_paths
+    return dict(_code_paths())
+
+
 def broker_version(uri: str, wait: float = 180) -> str:
     """The broker's version; waits up to ``wait`` seconds for a broker that
     is restarting (the test brokers are shared)."""
@@ -101,6 +146,9 @@ def machine(uri: str | None) -> dict:
         "broker": broker_version(uri) if uri else None,
         "broker_address": uri.split("@")[-1] if uri else None,
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cpu_class": cpu_class(platform.machine(), cpu_flags()),
+        "code_paths": code_paths(),
         "cores": os.cpu_count(),
         "loadavg_start": loadavg(),
     }
