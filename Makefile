@@ -93,9 +93,9 @@ partitions: build
 	$(PY) -m bench.report
 
 # Decode speed (no broker), then reading and publishing end to end against
-# the modern broker beside rbfly, rstream and the C wire limits
+# the modern broker beside rbfly, rstream and the C reference clients
 # (bench/wire), the same through a relay that adds 0-20 ms of round trip
-# (bench/relay), latency at fixed rates beside the C floor (plots in
+# (bench/relay), latency at fixed rates beside the C reference (plots in
 # bench/results), what the OpenTelemetry metrics cost, Spark reading a
 # stream beside Parquet; every result is stored in bench/results and the
 # README's tables are rendered from them (each script has --help).

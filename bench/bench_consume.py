@@ -15,7 +15,7 @@ that is missing or short is topped up by the C publisher.
 Three rows, each read from offset "first" by every client named in it, the
 same messages for all of them (same stream, same count, same encoding):
 
-* ``100b``: 10 M × 100 B, the wire limit and pystream (the peers would
+* ``100b``: 10 M × 100 B, the C reference reader and pystream (the peers would
   need minutes per run);
 * ``100b-peers``: the first ``--peer-messages`` (2 M) of the same stream,
   every client;
@@ -23,7 +23,7 @@ same messages for all of them (same stream, same count, same encoding):
 
 Clients, each run in a fresh process with its own connection:
 
-* ``wire``: the wire limit, ``bench/wire/wire consume`` in C: connects
+* ``wire``: the C reference reader, ``bench/wire/wire consume`` in C: connects
   (inside its window, as pystream's consumer opens a connection to the
   stream's node inside its own) and subscribes as pystream's consumer
   does (credit 1, then a Credit of 63: pystream's most), ``recv``s into
@@ -48,7 +48,7 @@ average before and after. The clients take turns within each repetition,
 so the machine's noise (it is shared) hits all of them alike; figures are
 medians of ``--repeat`` runs.
 
-Targets: pystream >= 95 % of the wire limit in the ``100b`` and ``1k`` rows.
+Targets: pystream >= 95 % of the C reference reader in the ``100b`` and ``1k`` rows.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Consume (bench_consume's readers, the same messages for all): ``100b``,
 the first ``--messages-100b`` (2 M) of ``bench-100b``, and ``1k``, the
 first ``--messages-1k`` (1 M) of ``bench-1k`` (both filled by
 bench_consume's prefill when short), read by ``wire`` (the C reader, 64
-chunks of credit: the path's ceiling), ``pystream`` (default
+chunks of credit: the C reference on that path), ``pystream`` (default
 ``Credit.adaptive()``), ``rbfly`` and ``rstream``. The clock starts
 before the subscription (pystream's consumer and rstream open their
 connection to the stream's node inside it, as the C reader does) and

@@ -13,7 +13,7 @@ process command line) under
   of each thread, idle threads left out;
 
 and writes a text summary to ``bench/results/profiles/<case>.txt``. The
-summaries say where a gap to the C limits comes from: the kernel copying
+summaries say where a gap to the C reference clients comes from: the kernel copying
 the socket, CRC, decoding, Python, or waiting while other processes run.
 """
 

@@ -78,7 +78,7 @@ def distance_block() -> str:
         return "(no stored results: run bench/bench_distance.py)\n"
     rtts = [f"{x:g}" for x in res["rtts_ms"]]
     far = rtts[-1]
-    labels = {"wire": "C limit (ceiling of the path)", "pystream": "pystream"}
+    labels = {"wire": "C reference", "pystream": "pystream"}
     out: list[str] = []
     verdicts: list[str] = []
     runs: list[dict] = []
