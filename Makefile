@@ -52,7 +52,7 @@ sdist: deps
 # suppressions, each with its reason, in csrc/cppcheck.supp); make test
 # runs it first.
 lint: deps
-	$(PY) -m ruff check pystream tests bench docs scripts/*.py fuzz/*.py
+	$(PY) -m ruff check pystream tests bench tools docs scripts/*.py fuzz/*.py
 	$(PY) -m mypy
 	cppcheck --enable=warning,style,performance,portability --std=c11 -q \
 		--error-exitcode=1 --inline-suppr --suppressions-list=csrc/cppcheck.supp \
@@ -82,7 +82,7 @@ soak: build brokers
 # cells included (the exit status says whether there were any).
 faults: build brokers
 	$(PY) -m tests.faults --json bench/results/faults.json; status=$$?; \
-		$(PY) bench/report.py && exit $$status
+		$(PY) -m bench.report && exit $$status
 
 # True network partitions of a three-node cluster in network namespaces
 # (scripts/broker up netcluster, started and removed by the tests; make test
@@ -90,28 +90,28 @@ faults: build brokers
 # docs/reliability.md.
 partitions: build
 	PYSTREAM_PARTITION_RESULTS=bench/results/partitions.json $(PY) -m pytest tests/test_partitions.py -v
-	$(PY) bench/report.py
+	$(PY) -m bench.report
 
 # Decode speed (no broker), then reading and publishing end to end against
-# the modern broker beside rbfly, rstream and the C wire limits
+# the modern broker beside rbfly, rstream and the C reference clients
 # (bench/wire), the same through a relay that adds 0-20 ms of round trip
-# (bench/relay), latency at fixed rates beside the C floor (plots in
+# (bench/relay), latency at fixed rates beside the C reference (plots in
 # bench/results), what the OpenTelemetry metrics cost, Spark reading a
 # stream beside Parquet; every result is stored in bench/results and the
 # README's tables are rendered from them (each script has --help).
 bench: build brokers
 	$(MAKE) -s -C bench/wire
-	$(PY) bench/bench_decode.py
-	$(PY) bench/bench_consume.py
-	$(PY) bench/bench_publish.py
-	$(PY) bench/bench_distance.py
-	$(PY) bench/bench_latency.py
-	$(PY) bench/bench_otel.py --json bench/results/otel.json
-	$(PY) bench/bench_otel.py --only absent,sdk --interval 60 --repeat 6 \
+	$(PY) -m bench.bench_decode
+	$(PY) -m bench.bench_consume
+	$(PY) -m bench.bench_publish
+	$(PY) -m bench.bench_distance
+	$(PY) -m bench.bench_latency
+	$(PY) -m bench.bench_otel --json bench/results/otel.json
+	$(PY) -m bench.bench_otel --only absent,sdk --interval 60 --repeat 6 \
 		--rows consume,publish --json bench/results/otel-60s.json
-	$(PY) bench/bench_spark.py
-	$(PY) bench/bench_spark_io.py
-	$(PY) bench/report.py
+	$(PY) -m bench.bench_spark
+	$(PY) -m bench.bench_spark_io
+	$(PY) -m bench.report
 
 clean:
 	rm -rf build dist site *.egg-info pystream/_core.c pystream/*.so bench/wire/wire \

@@ -1,8 +1,8 @@
 """End-to-end consumer benchmark: how fast can Python read a RabbitMQ stream?
 
-    .venv/bin/python bench/bench_consume.py                   # everything, 5 runs
-    .venv/bin/python bench/bench_consume.py --only wire,pystream --repeat 3
-    .venv/bin/python bench/bench_consume.py --rows 1k --json ''
+    .venv/bin/python -m bench.bench_consume                   # everything, 5 runs
+    .venv/bin/python -m bench.bench_consume --only wire,pystream --repeat 3
+    .venv/bin/python -m bench.bench_consume --rows 1k --json ''
 
 What it measures
 ----------------
@@ -15,7 +15,7 @@ that is missing or short is topped up by the C publisher.
 Three rows, each read from offset "first" by every client named in it, the
 same messages for all of them (same stream, same count, same encoding):
 
-* ``100b``: 10 M × 100 B, the wire limit and pystream (the peers would
+* ``100b``: 10 M × 100 B, the C reference reader and pystream (the peers would
   need minutes per run);
 * ``100b-peers``: the first ``--peer-messages`` (2 M) of the same stream,
   every client;
@@ -23,7 +23,7 @@ same messages for all of them (same stream, same count, same encoding):
 
 Clients, each run in a fresh process with its own connection:
 
-* ``wire``: the wire limit, ``bench/wire/wire consume`` in C: connects
+* ``wire``: the C reference reader, ``bench/wire/wire consume`` in C: connects
   (inside its window, as pystream's consumer opens a connection to the
   stream's node inside its own) and subscribes as pystream's consumer
   does (credit 1, then a Credit of 63: pystream's most), ``recv``s into
@@ -48,20 +48,13 @@ average before and after. The clients take turns within each repetition,
 so the machine's noise (it is shared) hits all of them alike; figures are
 medians of ``--repeat`` runs.
 
-Targets: pystream >= 95 % of the wire limit in the ``100b`` and ``1k`` rows.
+Targets: pystream >= 95 % of the C reference reader in the ``100b`` and ``1k`` rows.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
-from harness import PROGRESS, Window  # noqa: E402
+from bench import harness
+from bench.harness import PROGRESS, Window
 
 CLIENTS = ("wire", "pystream", "pystream-raw", "rbfly", "rstream")
 DEFAULT = ("wire", "pystream", "rbfly", "rstream")
@@ -248,7 +241,7 @@ def run_one(args, row: dict, reader: str) -> dict:
     if reader == "wire":
         return harness.run_wire("consume", args.uri, row["stream"], row["messages"],
                                 args.wire_window, timeout=args.timeout)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+    cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
            "--child", reader, "--stream", row["stream"],
            "--target", str(row["messages"]), "--body-size", str(row["body_size"]),
            "--stall", str(args.stall)]

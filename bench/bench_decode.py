@@ -1,7 +1,7 @@
 """Decode throughput of pystream._core beside rbfly's Cython decoder.
 
-    .venv/bin/python bench/bench_decode.py            # 15 rounds, medians
-    .venv/bin/python bench/bench_decode.py --repeat 5 --json ''
+    .venv/bin/python -m bench.bench_decode            # 15 rounds, medians
+    .venv/bin/python -m bench.bench_decode --repeat 5 --json ''
 
 What it measures
 ----------------
@@ -21,20 +21,13 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads spin on 2 cores
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
-
-from pystream._core import decode  # noqa: E402
-from tests.golden import amqp_data, chunk, deliver, simple_entry  # noqa: E402
+from bench import harness
+from pystream._core import decode
+from tools.frames import amqp_data, chunk, deliver, simple_entry
 
 FRAMES = 64             # chunks per buffer
 FRAME_BYTES = 1 << 20   # about this much entry data per chunk

@@ -2,9 +2,9 @@
 adds 0, 1, 5 and 20 ms to every round trip, as a client in another zone
 sees the broker.
 
-    .venv/bin/python bench/bench_distance.py                   # everything, 3 runs
-    .venv/bin/python bench/bench_distance.py --rtts 0,20 --only wire,pystream
-    .venv/bin/python bench/bench_distance.py --parts consume --repeat 1 --json ''
+    .venv/bin/python -m bench.bench_distance                   # everything, 3 runs
+    .venv/bin/python -m bench.bench_distance --rtts 0,20 --only wire,pystream
+    .venv/bin/python -m bench.bench_distance --parts consume --repeat 1 --json ''
 
 What it measures
 ----------------
@@ -24,7 +24,7 @@ Consume (bench_consume's readers, the same messages for all): ``100b``,
 the first ``--messages-100b`` (2 M) of ``bench-100b``, and ``1k``, the
 first ``--messages-1k`` (1 M) of ``bench-1k`` (both filled by
 bench_consume's prefill when short), read by ``wire`` (the C reader, 64
-chunks of credit: the path's ceiling), ``pystream`` (default
+chunks of credit: the C reference on that path), ``pystream`` (default
 ``Credit.adaptive()``), ``rbfly`` and ``rstream``. The clock starts
 before the subscription (pystream's consumer and rstream open their
 connection to the stream's node inside it, as the C reader does) and
@@ -51,19 +51,10 @@ rstream at every distance.
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import bench_consume  # noqa: E402
-import bench_publish  # noqa: E402
-import harness  # noqa: E402
-from relay.delay import DelayRelay  # noqa: E402
-
-from pystream.uri import parse_uri  # noqa: E402
+from bench import bench_consume, bench_publish, harness
+from bench.relay.delay import DelayRelay
+from pystream.uri import parse_uri
 
 CLIENTS = ("wire", "pystream", "rbfly", "rstream")
 PEERS = ("rbfly", "rstream")
@@ -118,7 +109,7 @@ def consume_run(args, row: dict, client: str, rtt: float) -> dict:
         if client == "wire":
             cmd = harness.wire_cmd("consume", relay_uri, row["stream"], row["messages"], 64)
         else:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--uri", relay_uri,
+            cmd = [*harness.self_cmd(__spec__), "--uri", relay_uri,
                    "--child", f"consume:{client}", "--stream", row["stream"],
                    "--target", str(row["messages"]),
                    "--body-size", str(row["body_size"]), "--stall", str(args.stall)]
@@ -147,7 +138,7 @@ def publish_run(args, row: dict, client: str, rtt: float) -> dict:
                 cmd = harness.wire_cmd("publish", relay_uri, name, target, size,
                                        in_flight)
             else:
-                cmd = [sys.executable, str(Path(__file__).resolve()),
+                cmd = [*harness.self_cmd(__spec__),
                        "--uri", relay_uri, "--child", f"publish:{client}",
                        "--stream", name, "--target", str(target),
                        "--body-size", str(size), "--batch", str(batch),

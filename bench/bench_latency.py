@@ -1,9 +1,9 @@
 """Publish-to-application latency: how long after a message is sent does a
 Python consumer hand it to the application?
 
-    .venv/bin/python bench/bench_latency.py                 # everything, 3 runs, ~12 min
-    .venv/bin/python bench/bench_latency.py --rates 1000,10000 --seconds 5
-    .venv/bin/python bench/bench_latency.py --only pystream --json latency.json
+    .venv/bin/python -m bench.bench_latency                 # everything, 3 runs, ~12 min
+    .venv/bin/python -m bench.bench_latency --rates 1000,10000 --seconds 5
+    .venv/bin/python -m bench.bench_latency --only pystream --json latency.json
 
 What it measures
 ----------------
@@ -32,7 +32,7 @@ broker (RabbitMQ 4.0, ``--uri``), taking turns within each of ``--repeat``
 4. The consumer takes ``latency = receive time - send time`` for each
    message, stops at the marker and reports:
 
-   * ``wire``: the floor, ``bench/wire/wire latency`` in C: subscribes at
+   * ``wire``: the C reference latency, ``bench/wire/wire latency`` in C: subscribes at
      "next" with pystream's credit window (64), takes the receive time when
      the ``recv`` that completed a chunk returned and reads each body's
      head in place; what the broker and the publisher leave to any client.
@@ -62,8 +62,8 @@ caught up ``--timeout`` seconds after the publisher's end, is reported as
 failed; the others go on.
 
 Output: a table per rate (each client's median p99 over the runs, the
-spread of the runs' p99, and the ratio to the C floor's median p99), the
-targets (pystream's p99 at most twice the floor's and below every peer's,
+spread of the runs' p99, and the ratio to the C reference latency's median p99), the
+targets (pystream's p99 at most twice the C reference latency's and below every peer's,
 at every rate), the results (bench/results/latency.json: every run's
 percentiles, CPU of the consumer and of the broker, the load average), and
 in ``--plot-dir`` (bench/results) ``latency-percentiles.png`` (percentile
@@ -78,7 +78,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -88,19 +87,17 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from bench import harness
+from bench.harness import PROGRESS, fmt_rate, make_body
 
-import harness  # noqa: E402
-from harness import PROGRESS, fmt_rate, make_body  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 STREAM = "bench-latency"
 CLIENTS = ("wire", "pystream", "rbfly", "rstream")
 PEERS = ("rbfly", "rstream")
 COLORS = {"wire": "tab:gray", "pystream": "tab:blue", "rbfly": "tab:orange",
           "rstream": "tab:green"}
-FLOOR_FACTOR = 2.0   # target: pystream's p99 at most this times the floor's
+LATENCY_FACTOR = 2.0   # target: pystream's p99 at most this times the C reference latency's
 
 HEAD = 16          # body bytes read back: send time and sequence number
 MARKER = -1        # send-time field of the end marker; its sequence = messages sent
@@ -221,7 +218,7 @@ def per_message_arrays(recv: array, heads: bytearray) -> tuple:
 
 def consume_wire(uri: str, stream: str, warmup: float,
                  ready: Callable[[], None], size: int) -> dict:
-    """The C floor: it writes (receive time, send time, sequence) per
+    """The C reference latency: it writes (receive time, send time, sequence) per
     message to a file, read back here after the end marker."""
     import subprocess
     with tempfile.TemporaryDirectory() as tmp:
@@ -409,7 +406,7 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def child_cmd(args: argparse.Namespace, role: str, *extra: str) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+    return [*harness.self_cmd(__spec__), "--uri", args.uri,
             "--child", role, "--stream", STREAM, "--warmup", str(args.warmup),
             "--stall", str(args.stall), "--size", str(args.size), *extra]
 
@@ -490,7 +487,7 @@ def print_table(rate: int, by_client: dict[str, dict]) -> None:
         if "error" in r:
             print(f"   {r['label']:<16} FAILED: {r['error']}")
             continue
-        ratio = f"{r['p99_median_ms'] / floor:.1f}x floor" if floor else ""
+        ratio = f"{r['p99_median_ms'] / floor:.1f}x C reference" if floor else ""
         print(f"   {r['label']:<16} p50 {fmt_ms(r['p50_median_ms']):>7}  "
               f"p99 {fmt_ms(r['p99_median_ms']):>7} ({fmt_ms(r['p99_min_ms'])}-"
               f"{fmt_ms(r['p99_max_ms'])})  {ratio}  lost {r['lost']}"
@@ -499,7 +496,7 @@ def print_table(rate: int, by_client: dict[str, dict]) -> None:
 
 def check_targets(results: dict[int, dict[str, dict]]) -> list[dict]:
     """Each target at each rate, as measured: pystream's median p99 at most
-    twice the C floor's, and below every peer's."""
+    twice the C reference latency's, and below every peer's."""
     out = []
     for rate, by_client in results.items():
         p = by_client.get("pystream", {}).get("p99_median_ms")
@@ -507,7 +504,7 @@ def check_targets(results: dict[int, dict[str, dict]]) -> list[dict]:
             q = by_client.get(other, {}).get("p99_median_ms")
             if other not in by_client:
                 continue
-            limit = q * FLOOR_FACTOR if other == "wire" and q is not None else q
+            limit = q * LATENCY_FACTOR if other == "wire" and q is not None else q
             met = None if p is None or limit is None else p <= limit if other == "wire" \
                 else p < limit
             out.append({"rate": rate, "against": other, "pystream_p99_ms": p,
@@ -666,7 +663,7 @@ def main() -> None:
                 print(f"{fmt_rate(rate):>6} msg/s {name:<9} run {run + 1}: {msg}",
                       flush=True)
     results = {rate: {name: summarize(rs, harness.label(name) if name in PEERS
-                                      else "C floor" if name == "wire" else name)
+                                      else "C reference latency" if name == "wire" else name)
                       for name, rs in by_client.items()}
                for rate, by_client in runs.items()}
 
@@ -676,7 +673,7 @@ def main() -> None:
     print("\nTargets:")
     for t in targets:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
-        rule = ("<= 2x the C floor's" if t["against"] == "wire"
+        rule = ("<= 2x the C reference latency's" if t["against"] == "wire"
                 else f"below {t['against']}'s")
         print(f"- {fmt_rate(t['rate'])} msg/s: pystream p99 {rule}: {verdict}")
 

@@ -1,11 +1,11 @@
 """What pystream's OpenTelemetry metrics cost: consume and publish
 throughput with and without them.
 
-    .venv/bin/python bench/bench_otel.py               # absent and sdk, 20 pairs
-    .venv/bin/python bench/bench_otel.py --only absent,api,sdk --repeat 10
-    .venv/bin/python bench/bench_otel.py --rows consume --repeat 2 --seconds 2 \
+    .venv/bin/python -m bench.bench_otel               # absent and sdk, 20 pairs
+    .venv/bin/python -m bench.bench_otel --only absent,api,sdk --repeat 10
+    .venv/bin/python -m bench.bench_otel --rows consume --repeat 2 --seconds 2 \
         --consume-messages 2000000 --json ''          # a smoke run
-    .venv/bin/python bench/bench_otel.py --interval 60 --repeat 6 --rows consume,publish \
+    .venv/bin/python -m bench.bench_otel --interval 60 --repeat 6 --rows consume,publish \
         --json bench/results/otel-60s.json      # as deployments collect
 
 What it measures
@@ -86,15 +86,9 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
-import otel_windows  # noqa: E402
-from harness import PROGRESS, Window, make_body  # noqa: E402
+from bench import harness, otel_windows
+from bench.harness import PROGRESS, Window, make_body
 
 MODES = ("absent", "api", "sdk")
 ROWS = ("consume", "publish", "consume_windows", "publish_windows")
@@ -368,7 +362,7 @@ def child_main(args) -> None:
 
 
 def child_cmd(args, mode: str, kind: str, stream: str = "", target: int = 0) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+    return [*harness.self_cmd(__spec__), "--uri", args.uri,
             "--child", mode, "--kind", kind, "--stream", stream,
             "--target", str(target), "--seconds", str(args.seconds),
             "--interval", str(args.interval), "--groups", str(args.groups or 0),

@@ -1,9 +1,9 @@
 """End-to-end publisher benchmark: how fast can Python publish to a RabbitMQ
 stream, every message confirmed?
 
-    .venv/bin/python bench/bench_publish.py                  # everything, 5 runs
-    .venv/bin/python bench/bench_publish.py --only wire,pystream-arrow --repeat 3
-    .venv/bin/python bench/bench_publish.py --rows 100b-peers --json ''
+    .venv/bin/python -m bench.bench_publish                  # everything, 5 runs
+    .venv/bin/python -m bench.bench_publish --only wire,pystream-arrow --repeat 3
+    .venv/bin/python -m bench.bench_publish --rows 100b-peers --json ''
 
 What it measures
 ----------------
@@ -17,13 +17,13 @@ application would have them: a Python list of ``bytes``, or for
 
 Two rows, every client in a row publishing the same messages:
 
-* ``100b``: 10 M (``--messages``): the publish limit and pystream;
+* ``100b``: 10 M (``--messages``): the C reference publisher and pystream;
 * ``100b-peers``: 1 M (``--peer-messages``): every client (rstream
   publishing AMQP messages would need minutes per run at 10 M).
 
 Clients, each in a fresh process with its own connection:
 
-* ``wire``: the publish limit, ``bench/wire/wire publish`` in C: Publish
+* ``wire``: the C reference publisher, ``bench/wire/wire publish`` in C: Publish
   frames of ~1 MiB pre-encoded once, only the publishing ids and body
   counters patched, confirms read in the same poll loop, at most
   ``--wire-in-flight`` (1 Mi) unconfirmed.
@@ -50,24 +50,17 @@ publisher's CPU time and the broker process's (from /proc) over that window
 and the load average before and after; the clients take turns within each
 repetition; figures are medians of ``--repeat`` runs.
 
-Targets: pystream >= 90 % of the publish limit at 10 M, and ahead of rbfly
+Targets: pystream >= 90 % of the C reference publisher at 10 M, and ahead of rbfly
 and rstream.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
-from harness import PROGRESS, Window, make_body  # noqa: E402
-
-from pystream.errors import StreamError  # noqa: E402
+from bench import harness
+from bench.harness import PROGRESS, Window, make_body
+from pystream.errors import StreamError
 
 CLIENTS = ("wire", "pystream", "pystream-arrow", "pystream-raw", "rbfly",
            "rstream", "rstream-raw")
@@ -297,7 +290,7 @@ def one_run(args, client: str, target: int, name: str) -> dict:
             res = harness.run_wire("publish", args.uri, name, target,
                                    args.body_size, in_flight, timeout=args.timeout)
         else:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--uri", args.uri,
+            cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
                    "--child", client, "--stream", name, "--target", str(target),
                    "--body-size", str(args.body_size), "--batch", str(batch),
                    "--in-flight", str(in_flight), "--stall", str(args.stall),
@@ -340,7 +333,7 @@ def add_settings(ap: harness.argparse.ArgumentParser) -> None:
 def main() -> None:
     ap = harness.parser(__doc__, clients=CLIENTS, default=DEFAULT, result="publish")
     ap.add_argument("--rows", default="100b,100b-peers",
-                    help="which rows: 100b (pystream and the limit), "
+                    help="which rows: 100b (pystream and the C reference publisher), "
                          "100b-peers (every client)")
     ap.add_argument("--messages", type=int, default=10_000_000)
     ap.add_argument("--peer-messages", type=int, default=1_000_000,

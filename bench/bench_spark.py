@@ -1,7 +1,7 @@
 """Spark batch read: the rabbitmq_stream data source beside Parquet.
 
-    .venv/bin/python bench/bench_spark.py                   # 10 M x 100 B, 3 runs
-    .venv/bin/python bench/bench_spark.py --messages 2000000 --repeat 5
+    .venv/bin/python -m bench.bench_spark                   # 10 M x 100 B, 3 runs
+    .venv/bin/python -m bench.bench_spark --messages 2000000 --repeat 5
 
 What it measures
 ----------------
@@ -37,15 +37,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import sys
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import harness
-from bench_consume import prefill
+from bench import harness
+from bench.bench_consume import prefill
 
 STREAM = "bench-100b"
 CACHE = pathlib.Path(os.environ.get("PYSTREAM_BENCH_CACHE",

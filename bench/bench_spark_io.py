@@ -1,8 +1,8 @@
 """Spark writing to a stream, Spark reading against the Python data source
 ceiling, and DuckDB reading a range, each beside pystream alone.
 
-    .venv/bin/python bench/bench_spark_io.py      # 10 M records each case, 3 runs
-    .venv/bin/python bench/bench_spark_io.py --messages 2000000 --write-messages 2000000
+    .venv/bin/python -m bench.bench_spark_io      # 10 M records each case, 3 runs
+    .venv/bin/python -m bench.bench_spark_io --messages 2000000 --write-messages 2000000
 
 What it measures (records of 100 B; medians of ``--repeat`` runs, the
 cases taking turns within each run):
@@ -44,15 +44,13 @@ import json
 import os
 import pathlib
 import statistics
-import sys
 
 import pyarrow as pa
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import harness
-from bench_consume import prefill
-from bench_spark import STREAM, ceiling_source
-from harness import PROGRESS, Window
+from bench import harness
+from bench.bench_consume import prefill
+from bench.bench_spark import STREAM, ceiling_source
+from bench.harness import PROGRESS, Window
 
 TARGET = "bench-sparkio-target"
 BODY = bytes(100)
@@ -292,7 +290,7 @@ def main() -> None:
     def run(name: str) -> dict:
         if name in cases:
             return cases[name](args.write_messages if name == "spark-write" else n)
-        cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--uri", args.uri,
+        cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
                "--child", name, "--stream", args.stream, "--messages", str(n),
                "--write-messages", str(args.write_messages),
                "--duckdb-messages", str(big), "--stall", str(args.stall)]

@@ -1,9 +1,9 @@
 """The one harness of the benchmarks: arguments, runs in fresh processes
-taken in turns, the C wire limits, medians, and the stored results.
+taken in turns, the C reference clients, medians, and the stored results.
 
 Every script (bench_consume, bench_publish, bench_latency, bench_decode,
 bench_spark) builds its parser with ``parser()``, runs each measurement
-with ``run_child`` (or ``run_wire`` for the C limits), takes the clients in
+with ``run_child`` (or ``run_wire`` for the C reference clients), takes the clients in
 turn within each repetition (``interleave``) so the machine's noise hits all
 of them alike, and writes ``bench/results/<name>.json`` with
 ``write_results``: per run the figures, the measuring process's and the
@@ -17,11 +17,9 @@ the git commit, the installed versions of every package involved
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import gc
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -30,16 +28,27 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from importlib import metadata
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+
+from tools.results import (  # the record of every stored result, shared with tests/
+    admin,
+    broker_version,
+    git_commit,
+    loadavg,
+    machine,
+    versions,
+    write_results,
+)
+
+__all__ = ["admin", "broker_version", "git_commit", "loadavg", "machine", "versions",
+           "write_results"]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 WIRE = HERE / "wire" / "wire"
 DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
-PACKAGES = ("rbfly", "rstream", "pyarrow", "numpy", "pyspark", "duckdb",
-            "opentelemetry-api", "opentelemetry-sdk")
 BROKER_PID_ENV = "PYSTREAM_BENCH_BROKER_PID"
 
 
@@ -200,13 +209,6 @@ def child_done(result: dict) -> None:
 # --- in the parent ----------------------------------------------------------------
 
 
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
 def broker_pid(uri: str) -> int:
     """The pid of the process listening on the URI's port when the broker
     runs on this machine (``ss -ltnp``); 0 when unknown."""
@@ -239,33 +241,28 @@ def parse_result(returncode: int, stdout: str, stderr: str) -> dict:
     return {"error": f"exit {returncode}: " + " | ".join(tail)}
 
 
+def self_cmd(spec: ModuleSpec | None) -> list[str]:
+    """The command that runs a benchmark module again (``python -m
+    bench.<name>``, from the checkout's root: see ``run_child``)."""
+    if spec is None:
+        raise SystemExit("run the benchmarks as modules: python -m bench.<name>")
+    return [sys.executable, "-m", spec.name]
+
+
 def run_child(cmd: list[str], timeout: float, uri: str) -> dict:
     """One measurement in a fresh process: its ``RESULT {json}`` line (or
-    ``{"error": ...}``) with the load average before and after."""
+    ``{"error": ...}``) with the load average before and after. It runs
+    from the checkout's root, where ``python -m bench.<name>`` finds the
+    package."""
     before = loadavg()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True,
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                               timeout=timeout, env=child_env(uri))
         out = parse_result(proc.returncode, proc.stdout, proc.stderr)
     except subprocess.TimeoutExpired:
         out = {"error": f"timed out after {timeout} s"}
     out["load"] = [before, loadavg()]
     return out
-
-
-def admin(uri: str, action: Callable, attempts: int = 3):
-    """``action(client)`` on a fresh connection, tried again when the
-    connection is lost (other users of a shared broker close connections)."""
-    import pystream
-    from pystream.errors import ConnectionLost
-    for attempt in range(attempts):
-        try:
-            with pystream.connect(uri) as client:
-                return action(client)
-        except ConnectionLost:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(1)
 
 
 def stream_end(uri: str, stream: str) -> int:
@@ -411,21 +408,7 @@ def median_ci(xs: list[float], level: float = 0.95, resamples: int = 10_000
     return [medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]]
 
 
-# --- what the results record --------------------------------------------------------
-
-
-def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    # The checkout measured is imported in place: no installed metadata
-    # names it (the distribution is pystream-rabbitmq).
-    import pystream
-    out["pystream"] = pystream.__version__
-    return out
+# --- what the results record (tools/results.py) --------------------------------------
 
 
 def label(client: str) -> str:
@@ -434,67 +417,11 @@ def label(client: str) -> str:
     return f"{client} {version}" if version else client
 
 
-def git_commit() -> str:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,
-                              text=True).stdout.strip()
-    commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "pystream",
-                "csrc", "bench/wire", "setup.py")
-    return commit + ("-dirty" if dirty else "")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def broker_version(uri: str, wait: float = 180) -> str:
-    """The broker's version; waits up to ``wait`` seconds for a broker that
-    is restarting (the test brokers are shared)."""
-    from pystream.errors import StreamError
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            return admin(uri, lambda c: c.server_properties.get("version", "?"))
-        except StreamError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
-
-
-def machine(uri: str | None) -> dict:
-    return {
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": git_commit(),
-        "versions": versions(),
-        "python": platform.python_version(),
-        "broker": broker_version(uri) if uri else None,
-        "broker_address": uri.split("@")[-1] if uri else None,
-        "cpu_model": cpu_model(),
-        "cores": os.cpu_count(),
-        "loadavg_start": loadavg(),
-    }
-
-
-def write_results(path: str | None, info: dict, body: dict) -> None:
-    if not path:
-        return
-    info = {**info, "loadavg_end": loadavg()}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"machine": info, **body}, indent=1) + "\n")
-    print(f"results written to {path}", flush=True)
-
-
 def banner(info: dict, what: str) -> None:
     v = info["versions"]
     print(f"{what}: RabbitMQ {info['broker']} at {info['broker_address']}; "
-          f"{info['cores']} cores ({info['cpu_model']}); python {info['python']}; "
+          f"{info['cores']} cores ({info['cpu_model']}, {info['cpu_class']}; CRC: "
+          f"{info['code_paths']['crc']}); python {info['python']}; "
           + ", ".join(f"{k} {x}" for k, x in v.items() if x)
           + f"; commit {info['commit'][:12]}; load {info['loadavg_start']}",
           flush=True)

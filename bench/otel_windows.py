@@ -34,8 +34,8 @@ import random
 import threading
 import time
 
-import harness
-from harness import PROGRESS, make_body
+from bench import harness
+from bench.harness import PROGRESS, make_body
 
 MODES = {"consume": ("off", "sdk", "sdk+chunk_size"), "publish": ("off", "sdk")}
 GROUPS = {"consume": 150, "publish": 100}

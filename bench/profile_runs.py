@@ -1,7 +1,7 @@
 """Where the time goes: profiles of one run of a reader or publisher.
 
-    .venv/bin/python bench/profile_runs.py                 # every profile below
-    .venv/bin/python bench/profile_runs.py --only consume-1k
+    .venv/bin/python -m bench.profile_runs                 # every profile below
+    .venv/bin/python -m bench.profile_runs --only consume-1k
 
 For each case it runs one measurement as the benchmarks do (the same child
 process command line) under
@@ -13,7 +13,7 @@ process command line) under
   of each thread, idle threads left out;
 
 and writes a text summary to ``bench/results/profiles/<case>.txt``. The
-summaries say where a gap to the C limits comes from: the kernel copying
+summaries say where a gap to the C reference clients comes from: the kernel copying
 the socket, CRC, decoding, Python, or waiting while other processes run.
 """
 
@@ -28,11 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import harness  # noqa: E402
+from bench import harness
 
 OUT = harness.RESULTS / "profiles"
 PY = sys.executable
@@ -40,8 +36,8 @@ PYSPY = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
 
 
 def cases(uri: str) -> dict[str, list[str]]:
-    consume = [PY, str(HERE / "bench_consume.py"), "--uri", uri, "--stall", "60"]
-    publish = [PY, str(HERE / "bench_publish.py"), "--uri", uri, "--stall", "60"]
+    consume = [PY, "-m", "bench.bench_consume", "--uri", uri, "--stall", "60"]
+    publish = [PY, "-m", "bench.bench_publish", "--uri", uri, "--stall", "60"]
     return {
         "consume-1k-wire": harness.wire_cmd("consume", uri, "bench-1k", 1_000_000, 64),
         "consume-1k-pystream": consume + ["--child", "pystream", "--stream", "bench-1k",

@@ -1,9 +1,9 @@
 """The benchmark figures of README.md and of the documentation pages,
 rendered from the stored results.
 
-    .venv/bin/python bench/report.py            # rewrite the blocks of README.md and docs/
-    .venv/bin/python bench/report.py --check    # exit 1 if a block differs from the results
-    .venv/bin/python bench/report.py FILE ...   # only these files
+    .venv/bin/python -m bench.report            # rewrite the blocks of README.md and docs/
+    .venv/bin/python -m bench.report --check    # exit 1 if a block differs from the results
+    .venv/bin/python -m bench.report FILE ...   # only these files
 
 Every figure of README.md's "How fast", of the Benchmarks page
 (docs/benchmarks.md), and of any other page under docs/ (the decode table
@@ -25,13 +25,12 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from report_distance import distance_block  # noqa: E402
-from report_format import (  # noqa: E402
+from bench.report_distance import distance_block
+from bench.report_format import (
     count,
+    cpu_class,
     failures,
+    guard_reference,
     load,
     load_range,
     machine_line,
@@ -42,21 +41,50 @@ from report_format import (  # noqa: E402
     rate,
     verdict,
 )
-from report_otel import otel_block  # noqa: E402
-from report_partitions import partitions_block  # noqa: E402
+from bench.report_otel import otel_block
+from bench.report_partitions import partitions_block
+
+HERE = Path(__file__).resolve().parent
 
 README = HERE.parent / "README.md"
 DOCS = HERE.parent / "docs"
 MARKER = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(.*?)(<!-- /bench:(?P=name) -->)",
                     re.S)
 PEERS = ("rbfly", "rstream")
-CONSUME_TARGET, PUBLISH_TARGET, FLOOR_FACTOR = 0.95, 0.90, 2.0
+CONSUME_TARGET, PUBLISH_TARGET, LATENCY_FACTOR = 0.95, 0.90, 2.0
+# What the C wire client's rows are called: references to measure against,
+# not bounds (clients beat them: guard_reference refuses a bound's name then).
+REFERENCE_LABELS = {"consume": "C reference reader", "publish": "C reference publisher",
+                    "latency": "C reference latency", "how-fast": "C reference"}
+
+
+def rate_runs(c: dict | None) -> list[float]:
+    """A client's rates, one per run that did not fail."""
+    s = (c or {}).get("summary")
+    return list(s["msg_per_s_all"]) if s else []
+
+
+def guard_rate_row(label: str, row: dict) -> None:
+    """``guard_reference`` for a consume or publish row (the C client is
+    ``wire``, higher is better)."""
+    guard_reference(label, rate_runs(row["clients"].get("wire")),
+                    {n: med(c["summary"]) for n, c in row["clients"].items()
+                     if n != "wire" and c.get("summary")})
+
+
+def guard_latency_rate(label: str, by: dict) -> None:
+    """``guard_reference`` for one rate of the latency results (the C
+    client is ``wire``; lower is better)."""
+    ref_runs = [r["p99_ms"] for r in by.get("wire", {}).get("runs", []) if "p99_ms" in r]
+    guard_reference(label, ref_runs,
+                    {n: c["p99_median_ms"] for n, c in by.items()
+                     if n != "wire" and "p99_median_ms" in c}, lower_is_better=True)
 
 
 # --- the blocks ---------------------------------------------------------------
 
 
-def client_cell(row: dict, name: str, limit: float | None) -> str:
+def client_cell(row: dict, name: str, ref_rate: float | None) -> str:
     c = row["clients"].get(name)
     if c is None:
         return "–"
@@ -66,19 +94,37 @@ def client_cell(row: dict, name: str, limit: float | None) -> str:
     x = med(s)
     if name == "wire":
         return rate(x)
-    cell = rate(x) + (f" ({pct(x / limit)})" if limit else "")
+    cell = rate(x) + (f" ({pct(x / ref_rate)})" if ref_rate else "")
     return f"**{cell}**" if name.startswith("pystream") else cell
 
 
 def how_fast() -> str:
-    consume, publish, latency = load("consume"), load("publish"), load("latency")
+    """The headline table, one per CPU class of the stored results (each
+    results file was measured on one machine)."""
+    results = {name: load(name) for name in ("consume", "publish", "latency")}
+    classes: dict[str, dict[str, dict | None]] = {}
+    for name, res in results.items():
+        if res:
+            classes.setdefault(cpu_class(res["machine"]), {})[name] = res
+    if not classes:
+        return "(no stored results: run `make bench`)\n"
+    tables = [how_fast_table(found.get("consume"), found.get("publish"),
+                             found.get("latency"), cls) for cls, found in classes.items()]
+    return "\n".join(tables) + how_fast_load(*results.values())
+
+
+def how_fast_table(consume: dict | None, publish: dict | None,
+                   latency: dict | None, cls: str) -> str:
+    """The headline rows of results measured on one CPU class, the class
+    in the table's first cell: a figure is what that class of CPU gave."""
+    ref = REFERENCE_LABELS["how-fast"]
     labels = {"rbfly": "rbfly", "rstream": "rstream"}
     for res in (consume, publish):
         for row in (res or {}).get("rows", {}).values():
             for name, c in row["clients"].items():
                 if name in labels:
                     labels[name] = c["label"]
-    lines = [f"| msg/s, or p99 latency | C limit | pystream (share of the C limit) "
+    lines = [f"| msg/s, or p99 latency; {cls} | {ref} | pystream (share of the {ref}) "
              f"| {labels['rbfly']} | {labels['rstream']} |", "|---|---|---|---|---|"]
     if consume:
         for key, what in (("100b", "consume {n} × 100 B"),
@@ -87,8 +133,9 @@ def how_fast() -> str:
             row = consume["rows"].get(key)
             if not row:
                 continue
-            limit = med(row["clients"].get("wire", {}).get("summary"))
-            cells = [client_cell(row, c, limit) for c in ("wire", "pystream", *PEERS)]
+            guard_rate_row(ref, row)
+            ref_rate = med(row["clients"].get("wire", {}).get("summary"))
+            cells = [client_cell(row, c, ref_rate) for c in ("wire", "pystream", *PEERS)]
             lines.append(f"| {what.format(n=count(row['messages']))} | "
                          + " | ".join(cells) + " |")
     if publish:
@@ -97,13 +144,16 @@ def how_fast() -> str:
             row = publish["rows"].get(key)
             if not row:
                 continue
-            limit = med(row["clients"].get("wire", {}).get("summary"))
-            cells = [client_cell(row, c, limit) for c in ("wire", "pystream", *PEERS)]
+            guard_rate_row(ref, row)
+            ref_rate = med(row["clients"].get("wire", {}).get("summary"))
+            cells = [client_cell(row, c, ref_rate) for c in ("wire", "pystream", *PEERS)]
             lines.append(f"| {what.format(n=count(row['messages']))} | "
                          + " | ".join(cells) + " |")
     if latency:
         runs = "run" if latency["repeat"] == 1 else "runs"
         for r, by in latency["rates"].items():
+            guard_latency_rate(ref, by)
+
             def p99(name: str, by: dict = by) -> str:
                 c = by.get(name)
                 if c is None:
@@ -115,6 +165,12 @@ def how_fast() -> str:
             lines.append(f"| latency p99 at {count(int(r))} msg/s "
                          f"(median of {latency['repeat']} {runs}) | "
                          + " | ".join(p99(c) for c in ("wire", "pystream", *PEERS)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def how_fast_load(consume: dict | None, publish: dict | None, latency: dict | None) -> str:
+    """The load average over every run of the headline's results."""
+    lines = []
     loads = [x[0] for res in (consume, publish, latency) if res
              for run in all_runs(res) for x in run.get("load", []) if x]
     if loads:
@@ -127,7 +183,7 @@ def how_fast() -> str:
                       "these runs" + (": the machine was shared with other builds and tests."
                                       if busy else ", one benchmark at a time; the "
                                       "brokers share the two cores with the clients.")]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def all_runs(res: dict) -> list[dict]:
@@ -148,20 +204,21 @@ def consume_block() -> str:
         return "(no stored results: run `make bench`)\n"
     out = []
     for _key, row in res["rows"].items():
-        limit = med(row["clients"].get("wire", {}).get("summary"))
+        guard_rate_row(REFERENCE_LABELS["consume"], row)
+        ref_rate = med(row["clients"].get("wire", {}).get("summary"))
         out += [f"{count(row['messages'])} messages of {row['body_size']} B "
                 f"(`{row['stream']}`), medians of {res['repeat']} runs, every client reading "
                 f"the same messages:", "",
-                "| reader | msg/s | MB/s (bodies) | share of the C limit "
+                f"| reader | msg/s | MB/s (bodies) | share of the {REFERENCE_LABELS['consume']} "
                 "| reader CPU s per M msgs | broker CPU (cores) | each run (msg/s) | load |",
                 "|---|---|---|---|---|---|---|---|"]
         for name, c in row["clients"].items():
             s = c["summary"]
-            label = "C wire limit" if name == "wire" else c["label"]
+            label = REFERENCE_LABELS["consume"] if name == "wire" else c["label"]
             if s is None:
                 out.append(failed_row(label, c, 7))
                 continue
-            share, broker, runs = client_figures(name, c, limit)
+            share, broker, runs = client_figures(name, c, ref_rate)
             out.append(f"| {label} | {rate(med(s))} | {s['mb_per_s_median']:.0f} | "
                        f"{share} | {s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
                        f"| {load_range(c['runs'])} |")
@@ -170,11 +227,11 @@ def consume_block() -> str:
     return "\n".join(out) + "\n"
 
 
-def client_figures(name: str, c: dict, limit: float | None) -> tuple[str, str, str]:
-    """A client's share of the C limit, the broker's CPU (cores) and its
+def client_figures(name: str, c: dict, ref_rate: float | None) -> tuple[str, str, str]:
+    """A client's share of the C reference's rate, the broker's CPU (cores) and its
     runs, as the consume and publish tables show them."""
     s = c["summary"]
-    share = pct(med(s) / limit) if limit and name != "wire" else "–"
+    share = pct(med(s) / ref_rate) if ref_rate and name != "wire" else "–"
     broker = (f"{s['broker_cpu_share_median']:.2f}"
               if "broker_cpu_share_median" in s else "-")
     runs = ", ".join(rate(x) for x in s["msg_per_s_all"]) + failures(c["runs"])
@@ -192,21 +249,23 @@ def publish_block() -> str:
         return "(no stored results: run `make bench`)\n"
     out = []
     for _key, row in res["rows"].items():
-        limit = med(row["clients"].get("wire", {}).get("summary"))
+        guard_rate_row(REFERENCE_LABELS["publish"], row)
+        ref_rate = med(row["clients"].get("wire", {}).get("summary"))
         out += [f"{count(row['messages'])} messages of {row['body_size']} B, every "
                 f"confirm awaited, a fresh stream per run, medians of "
                 f"{res['repeat']} runs:", "",
-                "| publisher | msg/s | share of the C limit | publisher CPU s per M "
+                f"| publisher | msg/s | share of the {REFERENCE_LABELS['publish']} "
+                "| publisher CPU s per M "
                 "msgs | broker CPU (cores) | each run (msg/s) | load |",
                 "|---|---|---|---|---|---|---|"]
         for name, c in row["clients"].items():
             s = c["summary"]
-            label = {"wire": "C publish limit", "pystream": "pystream (list of bytes)",
+            label = {"wire": REFERENCE_LABELS["publish"], "pystream": "pystream (list of bytes)",
                      "pystream-arrow": "pystream (arrow array)"}.get(name, c["label"])
             if s is None:
                 out.append(failed_row(label, c, 6))
                 continue
-            share, broker, runs = client_figures(name, c, limit)
+            share, broker, runs = client_figures(name, c, ref_rate)
             out.append(f"| {label} | {rate(med(s))} | {share} | "
                        f"{s['cpu_s_per_m_median']:.3f} | {broker} | {runs} "
                        f"| {load_range(c['runs'])} |")
@@ -224,10 +283,11 @@ def latency_block() -> str:
            "taking turns; each figure is the median over the runs, p99 beside the "
            "lowest and highest run's, and each run's p90 (milliseconds):", "",
            "| rate | consumer | p50 | p99 | p99 of the runs | p90 of each run | p99.9 "
-           "| max | p99 / C floor | consumer CPU | lost | load |",
+           f"| max | p99 / {REFERENCE_LABELS['latency']} | consumer CPU | lost | load |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, by in res["rates"].items():
-        floor = by.get("wire", {}).get("p99_median_ms")
+        guard_latency_rate(REFERENCE_LABELS["latency"], by)
+        ref_p99 = by.get("wire", {}).get("p99_median_ms")
         first = True
         for name, c in by.items():
             head = f"{count(int(r))} msg/s" if first else ""
@@ -236,8 +296,9 @@ def latency_block() -> str:
                 out.append(f"| {head} | {c['label']} | failed: {c.get('error', '?')} "
                            "|||||||||| ")
                 continue
-            ratio = f"{c['p99_median_ms'] / floor:.1f}x" if floor else "–"
-            label = f"**{c['label']}**" if name == "pystream" else c["label"]
+            ratio = f"{c['p99_median_ms'] / ref_p99:.1f}x" if ref_p99 else "–"
+            label = (f"**{c['label']}**" if name == "pystream" else
+                     REFERENCE_LABELS["latency"] if name == "wire" else c["label"])
             cpu = f"{c['cpu_share_median']:.0%}" if "cpu_share_median" in c else "-"
             n = c["publisher_flagged"]
             flagged = f" ({n} run{'s' if n > 1 else ''}: publisher behind)" if n else ""
@@ -250,7 +311,7 @@ def latency_block() -> str:
     out += ["", "Targets, as measured (medians of the runs' p99):", ""]
     for t in res["targets"]:
         if t["against"] == "wire":
-            rule = f"at most {FLOOR_FACTOR:g}x the C floor's p99"
+            rule = f"at most {LATENCY_FACTOR:g}x the {REFERENCE_LABELS['latency']}'s p99"
         else:
             rule = f"below {t['against']}'s"
         p, q = t["pystream_p99_ms"], t["other_p99_ms"]
@@ -275,7 +336,8 @@ def targets_block() -> str:
             if ws and p:
                 x = med(p) / med(ws)
                 out.append(f"- consume {count(row['messages'])} × {row['body_size']} B: "
-                           f"pystream at {pct(x)} of the C wire limit (median of the "
+                           f"pystream at {pct(x)} of the {REFERENCE_LABELS['consume']} "
+                           "(median of the "
                            f"repetitions' ratios: {pct(paired(row, 'pystream', 'wire'))}; "
                            f"target {pct(CONSUME_TARGET)}): {verdict(x >= CONSUME_TARGET)}; "
                            f"CPU per million messages: pystream "
@@ -291,7 +353,8 @@ def targets_block() -> str:
                 if w and p:
                     x = med(p) / w
                     out.append(f"- publish {count(row['messages'])} × 100 B from {what}: "
-                               f"pystream at {pct(x)} of the C publish limit (median of "
+                               f"pystream at {pct(x)} of the "
+                               f"{REFERENCE_LABELS['publish']} (median of "
                                f"the repetitions' ratios: {pct(paired(row, name, 'wire'))}; "
                                f"target {pct(PUBLISH_TARGET)}): "
                                f"{verdict(x >= PUBLISH_TARGET)}")
@@ -316,8 +379,8 @@ def targets_block() -> str:
                 continue
             if t["against"] == "wire":
                 out.append(f"- latency at {count(int(t['rate']))} msg/s: pystream's p99 "
-                           f"{p / q:.1f}x the C floor's (target at most "
-                           f"{FLOOR_FACTOR:g}x): {verdict(t['met'])}")
+                           f"{p / q:.1f}x the {REFERENCE_LABELS['latency']}'s (target "
+                           f"at most {LATENCY_FACTOR:g}x): {verdict(t['met'])}")
             else:
                 label = latency["rates"][t["rate"] if isinstance(t["rate"], str)
                                          else str(t["rate"])][t["against"]]["label"]
@@ -423,6 +486,10 @@ def spark_io_block() -> str:
            + ":", "",
            "| case | seconds | rows/s | ratio | broker CPU (cores) | load |",
            "|---|---|---|---|---|---|"]
+    if s.get("python-ceiling") and s.get("spark-read"):
+        # the one Spark data source measured beside the no-I/O one
+        guard_reference(SPARK_IO_LABELS["python-ceiling"], rate_runs(cases["python-ceiling"]),
+                        {"spark-read": med(s["spark-read"])})
     for name, c in cases.items():
         label = SPARK_IO_LABELS.get(name, name)
         if not s[name]:
@@ -542,7 +609,7 @@ def main() -> int:
         if new == text:
             continue
         if args.check:
-            print(f"{path}: figures differ from bench/results (run bench/report.py)",
+            print(f"{path}: figures differ from bench/results (run python -m bench.report)",
                   file=sys.stderr)
             differ = True
         else:

@@ -4,7 +4,7 @@ publishing through the delay relay at each added round-trip time."""
 
 from __future__ import annotations
 
-from report_format import count, load, load_range, machine_line, pct, rate, verdict
+from bench.report_format import count, load, load_range, machine_line, pct, rate, verdict
 
 DISTANCE_TARGET = 0.90          # pystream at the farthest, of its rate at 0 ms
 PEERS = ("rbfly", "rstream")
@@ -78,7 +78,7 @@ def distance_block() -> str:
         return "(no stored results: run bench/bench_distance.py)\n"
     rtts = [f"{x:g}" for x in res["rtts_ms"]]
     far = rtts[-1]
-    labels = {"wire": "C limit (ceiling of the path)", "pystream": "pystream"}
+    labels = {"wire": "C reference", "pystream": "pystream"}
     out: list[str] = []
     verdicts: list[str] = []
     runs: list[dict] = []

@@ -4,6 +4,7 @@ number formats, verdicts and the line naming the machine."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,13 +71,61 @@ def verdict(ok: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "not measured"}[ok]
 
 
+def cpu_class(m: dict) -> str:
+    """The CPU class a result was measured on (tools/results.py names it
+    from the CPU's flags); results stored before the flags were recorded
+    say which model they came from, and no more."""
+    if m.get("cpu_class"):
+        return m["cpu_class"]
+    return f"CPU class unknown (recorded as: {m.get('cpu_model', '?')})"
+
+
+def cpu_text(m: dict) -> str:
+    """The model and the CPU class, for the line under a table."""
+    if m.get("cpu_class"):
+        return f"{m.get('cpu_model', '?')}, CPU class {m['cpu_class']}"
+    return cpu_class(m)
+
+
+class ReferenceBeaten(ValueError):
+    """A row called a limit, a ceiling or a floor that a client beats: the
+    name would promise what the figures deny."""
+
+
+BOUND = re.compile(r"\b(limit|ceiling|floor)s?\b", re.I)
+
+
+def guard_reference(label: str, ref_runs: list[float], clients: dict[str, float], *,
+                    lower_is_better: bool = False) -> None:
+    """Refuse (``ReferenceBeaten``) a reference row whose ``label`` calls it
+    a limit, a ceiling or a floor when a client's median beats the
+    reference's median by more than the spread of the reference's runs
+    (their interquartile range: the middle half, which one stray run does
+    not widen): such a row is a reference, not a bound."""
+    if not BOUND.search(label) or not ref_runs:
+        return
+    import statistics
+    ref = statistics.median(ref_runs)
+    spread = 0.0
+    if len(ref_runs) > 1:
+        q1, _, q3 = statistics.quantiles(ref_runs, n=4, method="inclusive")
+        spread = q3 - q1
+    for name, x in clients.items():
+        margin = ref - x if lower_is_better else x - ref
+        if margin > spread:
+            raise ReferenceBeaten(
+                f"{label!r} is beaten by {name} ({x:.6g} against its median "
+                f"{ref:.6g}, spread of its runs {spread:.6g}): a row a client beats "
+                "is no limit, ceiling or floor; call it a reference")
+
+
 def machine_line(m: dict, what: str) -> str:
     v = m["versions"]
     peers = ", ".join(f"{k} {v[k]}" for k in ("rbfly", "rstream") if v.get(k))
     broker = f"RabbitMQ {m['broker']}, " if m.get("broker") else ""
     return (f"{what}: {m['date'][:16].replace('T', ' ')} UTC, commit "
             f"`{m['commit'][:10]}`, {broker}{m['cores']} cores "
-            f"({m['cpu_model']}), pystream {v.get('pystream')}"
+            f"({cpu_text(m)}), pystream {v.get('pystream')}"
             + (f", {peers}" if peers else "")
             + f"; load average {m['loadavg_start'][0]:.1f} at the start, "
               f"{m['loadavg_end'][0]:.1f} at the end")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from report_format import count, failures, load, machine_line, ms, rate
+from bench.report_format import count, failures, load, machine_line, ms, rate
 
 OTEL_TARGET = 0.02
 

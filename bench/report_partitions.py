@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from report_format import load, machine_line
+from bench.report_format import load, machine_line
 
 # The cases of tests/partitions.py, in its order, as the table names them.
 PARTITION_CASES = {

@@ -7,6 +7,9 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define PS_CRC_FOLD256 1
+#elif defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 /* cpu_crc() bits: VPCLMULQDQ with AVX2 (crc32_fold256 can run) and the
@@ -95,6 +98,32 @@ uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
 uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
 {
     return crc32_by(cpu_crc() & FOLD256_RUNS, crc, p, n);
+}
+
+const char *ps_crc32_impl(void)
+{
+#if defined(PS_CRC_FOLD256)
+    /* ISA-L's x86-64 dispatcher for crc32_gzip_refl: AVX-512 (F, VL, BW, DQ,
+     * CD) with VPCLMULQDQ, else AVX with PCLMULQDQ, else SSE4.1 with
+     * PCLMULQDQ, else tables (GCC's checks include the OS's register
+     * support, as ISA-L's xgetbv test does). */
+    int cpu = cpu_crc();
+    if (cpu == FOLD256_RUNS)
+        return "pystream fold256 (VPCLMULQDQ+AVX2), ISA-L below 512 bytes";
+    if (cpu & ISAL_WIDE)
+        return "ISA-L crc32_gzip_refl by16_10 (AVX-512+VPCLMULQDQ)";
+    if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx"))
+        return "ISA-L crc32_gzip_refl by8_02 (AVX+PCLMULQDQ)";
+    if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1"))
+        return "ISA-L crc32_gzip_refl by8 (SSE4.1+PCLMULQDQ)";
+    return "ISA-L crc32_gzip_refl base (tables)";
+#elif defined(__aarch64__) && defined(__linux__)
+    /* ISA-L's aarch64 dispatcher keys on the PMULL hardware capability */
+    return (getauxval(AT_HWCAP) & HWCAP_PMULL)
+        ? "ISA-L crc32_gzip_refl PMULL folding" : "ISA-L crc32_gzip_refl base (tables)";
+#else
+    return "ISA-L crc32_gzip_refl (its own dispatch, not known here)";
+#endif
 }
 
 /* Polynomials over GF(2) modulo the CRC-32 polynomial, bit-reflected as the

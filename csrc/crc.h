@@ -23,6 +23,12 @@ uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n);
  * into the CRC of the whole. */
 uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
+/* Which code computes ps_crc32 on this CPU, in words ("ISA-L
+ * crc32_gzip_refl by16_10 (AVX-512+VPCLMULQDQ)", ...).  ISA-L does not say
+ * which variant its dispatcher chose: for its share this names the variant
+ * the dispatcher picks from the CPU features it keys on. */
+const char *ps_crc32_impl(void);
+
 /* Plain CRC-32C of p (initial value all ones, final xor), as snappy uses. */
 uint32_t ps_crc32c(const uint8_t *p, size_t n);
 

@@ -19,6 +19,9 @@ Strings = pa.Array[Any] | pa.ChunkedArray[Any]
 def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 of ``data`` continuing from ``value``; same as zlib.crc32."""
 
+def _code_paths() -> dict[str, str | int]:
+    """The CRC-32 code this CPU runs and the two-thread CRC split."""
+
 def schema(*, columns: Iterable[Column] | None = None, body: Body = "view",
            error_policy: ErrorPolicy = "raise") -> pa.Schema:
     """The schema of the batches decoded with these options."""

@@ -163,3 +163,17 @@ cdef uint32_t crc32_split(CrcWorker *w, const uint8_t *data, size_t n) noexcept 
         w.state = CRC_IDLE
         pthread_mutex_unlock(&w.lock)
     return ps_crc32_combine(first, second, n - half)
+
+
+def _code_paths():
+    """What this CPU runs where the extension's code paths differ, for the
+    benchmarks' records: ``crc`` names the CRC-32 code (for ISA-L, the
+    variant its dispatcher picks from the CPU features it keys on; ISA-L
+    does not report its choice), ``crc_split_bytes`` the chunk size from
+    which a chunk's CRC is split over two threads, ``crc_worker`` whether
+    that second thread is available ("none" once one could not start).
+    Decoding itself has one path, the same C parser on every CPU."""
+    return {"crc": ps_crc32_impl().decode("ascii"),
+            "crc_split_bytes": SPLIT_CRC_BYTES,
+            "crc_worker": "none" if crc_worker_failed else "two threads"}
+

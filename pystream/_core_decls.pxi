@@ -37,6 +37,7 @@ cdef extern from "crc.h":
     uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n) nogil
     uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n) nogil
     uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) nogil
+    const char *ps_crc32_impl()
 
 cdef extern from "buf.h":
     ctypedef struct ps_buf:

@@ -72,6 +72,7 @@ import pyarrow.compute as pc
 
 import pystream
 from pystream import aio
+from tools import results
 
 from .conftest import MODERN_URI, ROOT, run_broker
 from .soak import Checker, as_binary, bodies, bodies_of, rows_of
@@ -1381,14 +1382,9 @@ def run_matrix(paths: list[str] | None = None, faults: list[str] | None = None) 
 
 
 def store(matrix: Matrix, path: str) -> None:
-    """The cells, with commit, versions and machine (bench/harness.py)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    info = harness.machine(MODERN_URI)
-    harness.write_results(path, info, {
+    """The cells, with commit, versions and machine (tools/results.py)."""
+    info = results.machine(MODERN_URI)
+    results.write_results(path, info, {
         "records_per_cell": N, "heartbeat": HEARTBEAT, "pause": PAUSE,
         "paths": PATHS, "faults": list(FAULTS), "seconds": matrix.seconds,
         "rounds": matrix.rounds, "cells": [asdict(c) for c in matrix.cells]})

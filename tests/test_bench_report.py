@@ -4,19 +4,20 @@
 
 from __future__ import annotations
 
-import importlib.util
+import platform
 import re
 from pathlib import Path
+
+import pytest
+
+from bench import report, report_format, report_otel
+from tools import results
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("bench_report",
-                                                  ROOT / "bench" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return report
 
 
 def test_figures_are_rendered_from_the_stored_results():
@@ -32,7 +33,7 @@ def test_figures_are_rendered_from_the_stored_results():
                             strict=True):
             assert old.group(0) == new.group(0), (
                 f"{page.relative_to(ROOT)}: block bench:{old.group('name')} differs from "
-                "what bench/report.py renders from bench/results: run bench/report.py")
+                "what bench/report.py renders from bench/results: run python -m bench.report")
         assert rendered == text
     assert {"how-fast", "targets", "consume", "publish", "latency",
             "decode", "otel", "spark", "spark-io", "distance"} <= blocks
@@ -68,7 +69,6 @@ def test_the_metrics_cost_is_rendered_from_the_harness_results():
             assert all("load" in r for r in c["runs"])
     block = report.otel_block()
     assert "| median of" in block and "load average" in block
-    import report_otel  # bench/ is on the path once report.py is loaded
     spreads = [report_otel.spread(c["summary"]) for row in res["rows"].values()
                for c in row["clients"].values()]
     verdict = next(x for x in block.splitlines() if x.startswith("Target, "))
@@ -115,3 +115,85 @@ def test_spark_io_block_states_each_target_with_its_ratio_and_count():
         assert re.search(r": (met|\*\*not met\*\*) \(\d+ %, over [\d.]+ [kM] records\)$",
                          line), line
     assert re.search(r"^[\d.]+ [kM] records of 100 B", block)
+
+
+def test_a_bound_a_client_beats_is_refused():
+    """A row called a limit, a ceiling or a floor is refused when a client
+    beats it by more than the spread (interquartile range) of its runs; a
+    reference may be beaten, and a bound within its spread is kept."""
+    runs = [100.0, 101.0, 102.0, 103.0, 104.0]  # median 102, spread 2
+    with pytest.raises(report_format.ReferenceBeaten, match="'C wire limit'.*pystream"):
+        report_format.guard_reference("C wire limit", runs, {"pystream": 104.5})
+    report_format.guard_reference("C wire limit", runs, {"pystream": 103.9})
+    report_format.guard_reference("C reference reader", runs, {"pystream": 200.0})
+    for name in ("the ceiling", "C floor", "Limits"):
+        with pytest.raises(report_format.ReferenceBeaten):
+            report_format.guard_reference(name, runs, {"x": 99.0}, lower_is_better=True)
+    report_format.guard_reference("C floor", runs, {"x": 100.5}, lower_is_better=True)
+    report_format.guard_reference("C floor", [2.0], {"x": 2.0}, lower_is_better=True)
+
+
+def test_the_stored_results_beat_what_was_called_a_bound(monkeypatch):
+    """The stored consume, publish and latency results beat the C client's
+    rows: under their old names (limit, floor) the report refuses them,
+    under the names they have it renders them."""
+    for block in ("consume", "publish", "latency"):
+        assert "no stored results" not in report.BLOCKS[block]()
+    old = {"consume": "C wire limit", "publish": "C publish limit", "latency": "C floor"}
+    for block, name in old.items():
+        monkeypatch.setitem(report.REFERENCE_LABELS, block, name)
+        with pytest.raises(report_format.ReferenceBeaten, match=repr(name)):
+            report.BLOCKS[block]()
+    monkeypatch.setitem(report.REFERENCE_LABELS, "how-fast", "C limit")
+    with pytest.raises(report_format.ReferenceBeaten):
+        report.how_fast()
+
+
+def test_every_figure_names_its_cpu_class(monkeypatch):
+    """Each block's machine line names the CPU class, results stored
+    without the CPU's flags as unknown with their model; the headline
+    renders one table per CPU class, each naming its class."""
+    for name in ("consume", "publish", "latency", "decode", "otel", "spark", "spark-io",
+                 "distance"):
+        block = report.BLOCKS[name]()
+        assert re.search(r"CPU class (unknown \(recorded as: [^)]+\)|\S)", block), name
+    assert report_format.cpu_class({"cpu_model": "AMD EPYC"}) == \
+        "CPU class unknown (recorded as: AMD EPYC)"
+    stored = {name: report_format.load(name) for name in ("consume", "publish", "latency")}
+    one = report.how_fast()
+    assert one.count("| msg/s, or p99 latency; ") == 1
+    classes = {"consume": "x86-64 AVX-512+VPCLMUL", "publish": "x86-64 AVX2+PCLMUL",
+               "latency": None}
+
+    def load(name):
+        res = stored.get(name)
+        if res is None or classes.get(name) is None:
+            return res
+        return {**res, "machine": {**res["machine"], "cpu_class": classes[name]}}
+
+    monkeypatch.setattr(report, "load", load)
+    two = report.how_fast()
+    heads = [x for x in two.splitlines() if x.startswith("| msg/s, or p99 latency; ")]
+    assert [h.split(" | ")[0] for h in heads] == [
+        "| msg/s, or p99 latency; x86-64 AVX-512+VPCLMUL",
+        "| msg/s, or p99 latency; x86-64 AVX2+PCLMUL",
+        "| msg/s, or p99 latency; CPU class unknown (recorded as: AMD EPYC)"]
+    consume_table = two.split("\n\n")[0]
+    assert "consume" in consume_table and "publish" not in consume_table
+
+
+def test_the_machine_block_records_the_cpu_and_the_crc_path():
+    """What tools/results.py records of the CPU: the flags that choose a
+    code path, the class named from them, and the extension's account of
+    its CRC-32 code."""
+    m = results.machine(None)
+    assert set(m["cpu_flags"]) <= set(results.PATH_FLAGS)
+    assert m["cpu_class"] == results.cpu_class(platform.machine(), m["cpu_flags"])
+    assert m["code_paths"]["crc"].startswith(("ISA-L ", "pystream fold256"))
+    assert m["code_paths"]["crc_split_bytes"] > 0
+    assert results.cpu_class("x86_64", ["pclmulqdq", "vpclmulqdq", "avx2", "avx512f",
+                                        "avx512bw", "avx512vl"]) == "x86-64 AVX-512+VPCLMUL"
+    assert results.cpu_class("x86_64", ["pclmulqdq", "vpclmulqdq", "avx2"]) == \
+        "x86-64 AVX2+VPCLMUL"
+    assert results.cpu_class("x86_64", ["pclmulqdq", "avx2"]) == "x86-64 AVX2+PCLMUL"
+    assert results.cpu_class("aarch64", ["pmull", "crc32"]) == "aarch64 PMULL"

@@ -696,16 +696,3 @@ def test_start_spec():
     assert cli.start_spec("2024-05-01T12:00:00").tzinfo is not None  # local time
 
 
-# --- bench --------------------------------------------------------------------
-
-def test_bench_passes_arguments_through(capfd):
-    assert cli.main(["bench", "throughput", "--help"]) == 0
-    assert "usage: bench_consume.py" in capfd.readouterr().out
-
-
-def test_bench_without_the_scripts(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli.bench, "BENCH_DIR", tmp_path / "bench")
-    status, out, err = run(capsys, "bench", "latency", "--rates", "1000")
-    assert status == 2 and out == ""
-    assert err.startswith("pystream: error: ") and err.count("\n") == 1
-    assert "bench_latency.py not found" in err and "source checkout" in err

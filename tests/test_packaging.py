@@ -470,8 +470,6 @@ def _declared_minimums() -> list[str]:
 # extra, this file's renderers, the documentation's broker
 ORACLES = ("rbfly", "rstream", "python-qpid-proton", "opentelemetry-sdk")
 NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_readme.py")
-# `pystream bench` runs the checkout's bench/, which no installed package has
-NOT_INSTALLED = ("tests/test_cli.py::test_bench_passes_arguments_through",)
 
 
 @pytest.mark.slow
@@ -496,7 +494,6 @@ def test_declared_minimum_versions(dist, tmp_path):
     assert Path(found[2]).is_relative_to(tmp_path / "venv"), found
     ignore = [f"--ignore={p.relative_to(ROOT)}" for pattern in NOT_WITH_MINIMUMS
               for p in (ROOT / "tests").glob(pattern)]
-    ignore += [f"--deselect={test}" for test in NOT_INSTALLED]
     out = _run(python, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "--import-mode=append", "-m", "not broker and not slow", *ignore,
                "tests", cwd=ROOT, env=env, timeout=900)

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tools import results
+
 from . import netfault
 from .conftest import ROOT, run_broker
 from .partitions import CASES
@@ -35,24 +37,13 @@ RESULTS: dict[str, dict[str, Any]] = {}
 def netcluster() -> Iterator[None]:
     """The netcluster for this module only: three Erlang nodes on two shared
     cores, and namespaces nothing else needs."""
-    machine = harness().machine(None)  # the load at the start
+    machine = results.machine(None)  # the load at the start
     try:
         run_broker("up", "netcluster")
         yield
     finally:
         run_broker("down", "netcluster")
     store_results(machine)
-
-
-def harness() -> Any:
-    """bench/harness.py, whose result writer records commit, versions and
-    machine."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import harness as module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return module
 
 
 def run_case(case: str, tmp_path) -> dict[str, Any]:
@@ -100,7 +91,7 @@ def store_results(info: dict[str, Any]) -> None:
             "duplicates", "out_of_order", "body_mismatches", "old_leader",
             "new_leader", "new_leader_after", "producer_stall", "consumer_stall",
             "producer_after_heal", "consumer_after_heal", "faults")
-    harness().write_results(path, info, {"cases": {
+    results.write_results(path, info, {"cases": {
         case: {k: RESULTS[case].get(k) for k in keep} for case in CASES}})
 
 

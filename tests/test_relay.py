@@ -7,19 +7,15 @@ from __future__ import annotations
 import socket
 import statistics
 import struct
-import sys
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 import pystream
+from bench.relay.delay import DelayRelay
 
 from .conftest import MODERN_URI
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from relay.delay import DelayRelay
 
 pytestmark = pytest.mark.broker
 

@@ -1,5 +1,5 @@
 """The ``pystream`` command line: ``main`` runs it. One module per command
-(``tail``, ``watch``, ``dump``, ``admin``, ``publish``, ``bench``), the
+(``tail``, ``watch``, ``dump``, ``admin``, ``publish``), the
 argument parsing in ``parser``, what they share in ``common``."""
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ Commands (pystream COMMAND --help for each one's options):
   create STREAM     create a stream, with retention options
   delete STREAM     delete a stream
   publish STREAM    publish each line of stdin as one message
-  bench KIND        run the source checkout's latency or throughput benchmark
 
 The broker is --uri, else $PYSTREAM_URI, else
 rabbitmq-stream://guest:guest@localhost:5552/. Its password is better not in
@@ -37,7 +36,6 @@ from pystream import __version__
 from pystream.tls import SASL_MECHANISMS
 
 from .admin import cmd_create, cmd_delete, cmd_stats, cmd_streams
-from .bench import BENCH_SCRIPTS, cmd_bench
 from .common import (
     DEFAULT_URI,
     MANAGEMENT_PORT,
@@ -165,14 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     publish = command("publish", cmd_publish, "publish each line of stdin "
                       "(without its newline) as one message")
     publish.add_argument("stream")
-
-    bench = command("bench", cmd_bench, "run bench/bench_latency.py "
-                    "(latency) or bench/bench_consume.py (throughput) of the "
-                    "source checkout, with the arguments that follow")
-    bench.set_defaults(broker=False)  # the scripts take their own --uri
-    bench.add_argument("kind", choices=tuple(BENCH_SCRIPTS))
-    bench.add_argument("args", nargs=argparse.REMAINDER,
-                       help="passed to the script (--help: its options)")
     return parser
 
 

@@ -1,0 +1,1 @@
+"""The delay relay (relay.c) and its Python driver (delay.py)."""
