@@ -3,7 +3,10 @@
  * PCLMULQDQ / VPCLMULQDQ folding runs at tens of GB/s and which dispatches
  * to a portable table version on CPUs without them; CRC-32 of 512 bytes and
  * more folds 256 bits at a time here on CPUs with VPCLMULQDQ but no AVX-512
- * (ISA-L's wide variant needs AVX-512, and is twice as fast). */
+ * (ISA-L's wide variant needs AVX-512, and is twice as fast).
+ *
+ * Built with PS_WITHOUT_ISAL (a source build where ISA-L is missing), CRC-32
+ * is zlib's crc32 and CRC-32C a table; the results are the same. */
 #ifndef PS_CRC_H
 #define PS_CRC_H
 
@@ -25,5 +28,10 @@ uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 /* Plain CRC-32C of p (initial value all ones, final xor), as snappy uses. */
 uint32_t ps_crc32c(const uint8_t *p, size_t n);
+
+/* Which code computes ps_crc32 on this build and CPU: "isa-l",
+ * "isa-l+fold256" (the 256-bit folding above, ISA-L for the rest) or
+ * "zlib" (a build without ISA-L; "zlib+fold256" on a CPU that folds). */
+const char *ps_crc32_implementation(void);
 
 #endif

@@ -19,6 +19,12 @@ Strings = pa.Array[Any] | pa.ChunkedArray[Any]
 def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 of ``data`` continuing from ``value``; same as zlib.crc32."""
 
+def crc32_implementation() -> str:
+    """Which code computes crc32 on this build and CPU."""
+def codecs() -> tuple[Codec, ...]:
+    """The sub-batch codecs this build can decode and encode."""
+def check_codec(codec: Codec) -> None:
+    """Raise CodecUnavailable if this build lacks ``codec``."""
 def schema(*, columns: Iterable[Column] | None = None, body: Body = "view",
            error_policy: ErrorPolicy = "raise") -> pa.Schema:
     """The schema of the batches decoded with these options."""

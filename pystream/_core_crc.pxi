@@ -31,6 +31,12 @@ def crc32(data, value=0):
     return crc32_of(ps_crc32, data, value)
 
 
+def crc32_implementation():
+    """Which code computes :func:`crc32` on this build and CPU: ``"isa-l"``,
+    ``"isa-l+fold256"``, ``"zlib"`` or ``"zlib+fold256"``."""
+    return ps_crc32_implementation().decode()
+
+
 def _crc32_fold256(data, value=0):
     """``crc32`` by the 256-bit folding on any CPU that can run it, even one
     where ``crc32`` takes ISA-L's wider folding (for the tests)."""
