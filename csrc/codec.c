@@ -1,11 +1,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* zlib is required; a source build without lz4, zstd or snappy defines
+ * PS_WITHOUT_<NAME> (setup.py) and such sub-batches fail with
+ * PS_E_CODEC_MISSING when they come, not before. */
+#ifndef PS_WITHOUT_LZ4
 #include <lz4frame.h>
+#endif
+#ifndef PS_WITHOUT_SNAPPY
 #include <snappy-c.h>
+#endif
 #include <zlib.h>
+#ifndef PS_WITHOUT_ZSTD
 #include <zstd.h>
 #include <zstd_errors.h>
+#endif
 
 #include "codec.h"
 #include "crc.h"
@@ -13,14 +22,60 @@
 struct ps_codecs {
     z_stream z;
     int z_ready;
-    LZ4F_dctx *lz4;
-    ZSTD_DCtx *zstd;
     /* compression side */
     z_stream zc;
     int zc_ready;
+#ifndef PS_WITHOUT_LZ4
+    LZ4F_dctx *lz4;
     LZ4F_cctx *lz4c;
+#endif
+#ifndef PS_WITHOUT_ZSTD
+    ZSTD_DCtx *zstd;
     ZSTD_CCtx *zstdc;
+#endif
 };
+
+int ps_codec_available(int codec)
+{
+    switch (codec) {
+    case PS_CODEC_NONE:
+    case PS_CODEC_GZIP:
+        return 1;
+#ifndef PS_WITHOUT_SNAPPY
+    case PS_CODEC_SNAPPY:
+        return 1;
+#endif
+#ifndef PS_WITHOUT_LZ4
+    case PS_CODEC_LZ4:
+        return 1;
+#endif
+#ifndef PS_WITHOUT_ZSTD
+    case PS_CODEC_ZSTD:
+        return 1;
+#endif
+    default:
+        return 0;
+    }
+}
+
+/* A known codec this build lacks: the error names it and its library. */
+static int codec_missing(int codec, uint64_t pos, ps_error *err)
+{
+    static const char *const what[PS_CODEC_COUNT] = {
+        [PS_CODEC_SNAPPY] = "snappy sub-batch: pystream was built without "
+                            "snappy (install libsnappy and rebuild)",
+        [PS_CODEC_LZ4] = "lz4 sub-batch: pystream was built without lz4 "
+                         "(install liblz4 and rebuild)",
+        [PS_CODEC_ZSTD] = "zstd sub-batch: pystream was built without zstd "
+                          "(install libzstd and rebuild)",
+    };
+    return ps_fail(err, PS_E_CODEC_MISSING, pos, what[codec]);
+}
+
+static int codec_known_missing(int codec)
+{
+    return codec > PS_CODEC_NONE && codec < PS_CODEC_COUNT && !ps_codec_available(codec);
+}
 
 ps_codecs *ps_codecs_new(void)
 {
@@ -33,12 +88,16 @@ void ps_codecs_free(ps_codecs *c)
         return;
     if (c->z_ready)
         inflateEnd(&c->z);
-    LZ4F_freeDecompressionContext(c->lz4);
-    ZSTD_freeDCtx(c->zstd);
     if (c->zc_ready)
         deflateEnd(&c->zc);
+#ifndef PS_WITHOUT_LZ4
+    LZ4F_freeDecompressionContext(c->lz4);
     LZ4F_freeCompressionContext(c->lz4c);
+#endif
+#ifndef PS_WITHOUT_ZSTD
+    ZSTD_freeDCtx(c->zstd);
     ZSTD_freeCCtx(c->zstdc);
+#endif
     free(c);
 }
 
@@ -77,6 +136,7 @@ static int gunzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                    "invalid or truncated gzip data");
 }
 
+#ifndef PS_WITHOUT_SNAPPY
 /* snappy framing format: chunks of `u8 type | u24le length | data`, the
  * first one the stream identifier.  Data chunks carry the masked CRC-32C of
  * their uncompressed bytes. */
@@ -144,6 +204,9 @@ static int unsnappy(const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
     return PS_OK;
 }
 
+#endif
+
+#ifndef PS_WITHOUT_LZ4
 /* lz4 frame format: one or more frames until src is used up. */
 static int unlz4(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                  size_t cap, size_t *out, uint64_t pos, ps_error *err)
@@ -171,6 +234,9 @@ static int unlz4(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
     return PS_OK;
 }
 
+#endif
+
+#ifndef PS_WITHOUT_ZSTD
 static int unzstd(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                   size_t cap, size_t *out, uint64_t pos, ps_error *err)
 {
@@ -187,19 +253,29 @@ static int unzstd(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
     return PS_OK;
 }
 
+#endif
+
 int ps_decompress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
                   uint8_t *dst, size_t cap, size_t *out_len, uint64_t pos,
                   ps_error *err)
 {
+    if (codec_known_missing(codec))
+        return codec_missing(codec, pos, err);
     switch (codec) {
     case PS_CODEC_GZIP:
         return gunzip(c, src, n, dst, cap, out_len, pos, err);
+#ifndef PS_WITHOUT_SNAPPY
     case PS_CODEC_SNAPPY:
         return unsnappy(src, n, dst, cap, out_len, pos, err);
+#endif
+#ifndef PS_WITHOUT_LZ4
     case PS_CODEC_LZ4:
         return unlz4(c, src, n, dst, cap, out_len, pos, err);
+#endif
+#ifndef PS_WITHOUT_ZSTD
     case PS_CODEC_ZSTD:
         return unzstd(c, src, n, dst, cap, out_len, pos, err);
+#endif
     default:
         return ps_fail(err, PS_E_CHUNK, pos, "unknown sub-batch codec");
     }
@@ -210,26 +286,34 @@ int ps_decompress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
 /* The framing format caps a chunk at 64 KiB of uncompressed data. */
 enum { SNAPPY_BLOCK = 65536 };
 
+#ifndef PS_WITHOUT_LZ4
 /* lz4: default block size and level, no checksums (the chunk CRC covers the
  * entries); autoFlush makes one update call write every block, so the
  * bound below holds for it. */
 static const LZ4F_preferences_t lz4_prefs = {.autoFlush = 1};
+#endif
 
 size_t ps_compress_bound(int codec, size_t n)
 {
-    size_t blocks;
     switch (codec) {
     case PS_CODEC_GZIP:     /* compressBound counts zlib's 6-byte wrapper, gzip's is 18 */
         return compressBound((uLong)n) + 18;
-    case PS_CODEC_SNAPPY:   /* identifier, then per block a header, a CRC and
+#ifndef PS_WITHOUT_SNAPPY
+    case PS_CODEC_SNAPPY: { /* identifier, then per block a header, a CRC and
                                snappy's worst case (32 + b + b/6) */
-        blocks = (n + SNAPPY_BLOCK - 1) / SNAPPY_BLOCK;
+        size_t blocks = (n + SNAPPY_BLOCK - 1) / SNAPPY_BLOCK;
         return sizeof snappy_ident + blocks * (8 + 32) + n + n / 6;
+    }
+#endif
+#ifndef PS_WITHOUT_LZ4
     case PS_CODEC_LZ4:
         return LZ4F_HEADER_SIZE_MAX + LZ4F_compressBound(n, &lz4_prefs) +
                LZ4F_compressBound(0, &lz4_prefs);
+#endif
+#ifndef PS_WITHOUT_ZSTD
     case PS_CODEC_ZSTD:
         return ZSTD_compressBound(n);
+#endif
     default:
         return n;
     }
@@ -257,6 +341,7 @@ static int gzip(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
     return PS_OK;
 }
 
+#ifndef PS_WITHOUT_SNAPPY
 /* `u8 type | u24le length | u32le masked CRC-32C` */
 static void snappy_chunk_header(uint8_t *p, uint8_t type, size_t len, uint32_t crc)
 {
@@ -294,6 +379,9 @@ static int snappy(const uint8_t *src, size_t n, uint8_t *dst, size_t *out,
     return PS_OK;
 }
 
+#endif
+
+#ifndef PS_WITHOUT_LZ4
 static int lz4(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                size_t *out, ps_error *err)
 {
@@ -314,6 +402,9 @@ static int lz4(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
     return PS_OK;
 }
 
+#endif
+
+#ifndef PS_WITHOUT_ZSTD
 static int zstd(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
                 size_t *out, ps_error *err)
 {
@@ -327,18 +418,28 @@ static int zstd(ps_codecs *c, const uint8_t *src, size_t n, uint8_t *dst,
     return PS_OK;
 }
 
+#endif
+
 int ps_compress(ps_codecs *c, int codec, const uint8_t *src, size_t n,
                 uint8_t *dst, size_t *out_len, ps_error *err)
 {
+    if (codec_known_missing(codec))
+        return codec_missing(codec, 0, err);
     switch (codec) {
     case PS_CODEC_GZIP:
         return gzip(c, src, n, dst, out_len, err);
+#ifndef PS_WITHOUT_SNAPPY
     case PS_CODEC_SNAPPY:
         return snappy(src, n, dst, out_len, err);
+#endif
+#ifndef PS_WITHOUT_LZ4
     case PS_CODEC_LZ4:
         return lz4(c, src, n, dst, out_len, err);
+#endif
+#ifndef PS_WITHOUT_ZSTD
     case PS_CODEC_ZSTD:
         return zstd(c, src, n, dst, out_len, err);
+#endif
     default:
         return ps_fail(err, PS_E_PROTOCOL, 0, "unknown sub-batch codec");
     }

@@ -17,6 +17,11 @@ enum { PS_CODEC_NONE = 0, PS_CODEC_GZIP, PS_CODEC_SNAPPY, PS_CODEC_LZ4,
 typedef struct ps_codecs ps_codecs;
 
 ps_codecs *ps_codecs_new(void);
+
+/* Whether this build can (de)compress the codec; a known codec it lacks
+ * (a source build without the library) makes ps_decompress and ps_compress
+ * fail with PS_E_CODEC_MISSING, naming the codec and its library. */
+int ps_codec_available(int codec);
 void ps_codecs_free(ps_codecs *c);
 
 /* Decompress src into dst[0..cap) (codecs 1-4; codec 0 needs no copy).  On success *out_len is the number of

@@ -1,8 +1,26 @@
 #include <string.h>
 
+#ifdef PS_WITHOUT_ISAL
+#include <pthread.h>
+#include <zlib.h>
+#else
 #include <isa-l/crc.h>
+#endif
 
 #include "crc.h"
+
+/* CRC-32 with zlib's pre- and post-inversion, by whichever library the
+ * build has: the 256-bit folding below finishes with it too. */
+static uint32_t crc32_lib(uint32_t crc, const uint8_t *p, size_t n)
+{
+#ifdef PS_WITHOUT_ISAL
+    /* crc32_z takes a size_t: no 4 GiB split needed */
+    return (uint32_t)crc32_z(crc, p, n);
+#else
+    /* ISA-L's gzip variant applies zlib's pre/post inversion itself */
+    return crc32_gzip_refl(crc, p, (uint64_t)n);
+#endif
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -53,7 +71,7 @@ static uint32_t crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
     for (int i = 0; i < 4; i++)
         _mm256_storeu_si256((__m256i *)(rest + 32 * i), a[i]);
     memcpy(rest + 128, p, n);
-    return crc32_gzip_refl(0xFFFFFFFFu, rest, (uint64_t)(128 + n));
+    return crc32_lib(0xFFFFFFFFu, rest, 128 + n);
 }
 
 static int cpu_crc(void)
@@ -77,7 +95,8 @@ static int cpu_crc(void)
 }
 #endif
 
-/* CRC-32 by the 256-bit folding if fold (and it can run), else ISA-L's. */
+/* CRC-32 by the 256-bit folding if fold (and it can run), else the
+ * library's. */
 static uint32_t crc32_by(int fold, uint32_t crc, const uint8_t *p, size_t n)
 {
 #ifdef PS_CRC_FOLD256
@@ -86,8 +105,7 @@ static uint32_t crc32_by(int fold, uint32_t crc, const uint8_t *p, size_t n)
 #else
     (void)fold;
 #endif
-    /* ISA-L's gzip variant applies zlib's pre/post inversion itself */
-    return crc32_gzip_refl(crc, p, (uint64_t)n);
+    return crc32_lib(crc, p, n);
 }
 
 uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
@@ -98,32 +116,6 @@ uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n)
 uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n)
 {
     return crc32_by(cpu_crc() & FOLD256_RUNS, crc, p, n);
-}
-
-const char *ps_crc32_impl(void)
-{
-#if defined(PS_CRC_FOLD256)
-    /* ISA-L's x86-64 dispatcher for crc32_gzip_refl: AVX-512 (F, VL, BW, DQ,
-     * CD) with VPCLMULQDQ, else AVX with PCLMULQDQ, else SSE4.1 with
-     * PCLMULQDQ, else tables (GCC's checks include the OS's register
-     * support, as ISA-L's xgetbv test does). */
-    int cpu = cpu_crc();
-    if (cpu == FOLD256_RUNS)
-        return "pystream fold256 (VPCLMULQDQ+AVX2), ISA-L below 512 bytes";
-    if (cpu & ISAL_WIDE)
-        return "ISA-L crc32_gzip_refl by16_10 (AVX-512+VPCLMULQDQ)";
-    if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx"))
-        return "ISA-L crc32_gzip_refl by8_02 (AVX+PCLMULQDQ)";
-    if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1"))
-        return "ISA-L crc32_gzip_refl by8 (SSE4.1+PCLMULQDQ)";
-    return "ISA-L crc32_gzip_refl base (tables)";
-#elif defined(__aarch64__) && defined(__linux__)
-    /* ISA-L's aarch64 dispatcher keys on the PMULL hardware capability */
-    return (getauxval(AT_HWCAP) & HWCAP_PMULL)
-        ? "ISA-L crc32_gzip_refl PMULL folding" : "ISA-L crc32_gzip_refl base (tables)";
-#else
-    return "ISA-L crc32_gzip_refl (its own dispatch, not known here)";
-#endif
 }
 
 /* Polynomials over GF(2) modulo the CRC-32 polynomial, bit-reflected as the
@@ -156,8 +148,64 @@ uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
     return mulmod(crc_a, shift) ^ crc_b;
 }
 
+const char *ps_crc32_implementation(void)
+{
+#ifdef PS_WITHOUT_ISAL
+    static const char *const name[2] = {
+        "zlib crc32", "pystream fold256 (VPCLMULQDQ+AVX2), zlib crc32 below 512 bytes"};
+    return name[cpu_crc() == FOLD256_RUNS];
+#elif defined(PS_CRC_FOLD256)
+    /* ISA-L's x86-64 dispatcher for crc32_gzip_refl: AVX-512 (F, VL, BW, DQ,
+     * CD) with VPCLMULQDQ, else AVX with PCLMULQDQ, else SSE4.1 with
+     * PCLMULQDQ, else tables (GCC's checks include the OS's register
+     * support, as ISA-L's xgetbv test does). */
+    int cpu = cpu_crc();
+    if (cpu == FOLD256_RUNS)
+        return "pystream fold256 (VPCLMULQDQ+AVX2), ISA-L below 512 bytes";
+    if (cpu & ISAL_WIDE)
+        return "ISA-L crc32_gzip_refl by16_10 (AVX-512+VPCLMULQDQ)";
+    if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx"))
+        return "ISA-L crc32_gzip_refl by8_02 (AVX+PCLMULQDQ)";
+    if (__builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1"))
+        return "ISA-L crc32_gzip_refl by8 (SSE4.1+PCLMULQDQ)";
+    return "ISA-L crc32_gzip_refl base (tables)";
+#elif defined(__aarch64__) && defined(__linux__)
+    /* ISA-L's aarch64 dispatcher keys on the PMULL hardware capability */
+    return (getauxval(AT_HWCAP) & HWCAP_PMULL)
+        ? "ISA-L crc32_gzip_refl PMULL folding" : "ISA-L crc32_gzip_refl base (tables)";
+#else
+    return "ISA-L crc32_gzip_refl (its own dispatch, not known here)";
+#endif
+}
+
+#ifdef PS_WITHOUT_ISAL
+/* CRC-32C a byte at a time from a table made on first use: snappy's
+ * framing is the only user, on 64 KiB blocks at most. */
+static uint32_t crc32c_table[256];
+static pthread_once_t crc32c_table_made = PTHREAD_ONCE_INIT;
+
+static void make_crc32c_table(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ ((c & 1) ? 0x82F63B78u : 0);
+        crc32c_table[i] = c;
+    }
+}
+
+uint32_t ps_crc32c(const uint8_t *p, size_t n)
+{
+    pthread_once(&crc32c_table_made, make_crc32c_table);
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        crc = (crc >> 8) ^ crc32c_table[(crc ^ p[i]) & 0xFF];
+    return ~crc;
+}
+#else
 uint32_t ps_crc32c(const uint8_t *p, size_t n)
 {
     /* ISA-L's iSCSI variant leaves the inversion to the caller */
     return ~crc32_iscsi((unsigned char *)p, (int)n, 0xFFFFFFFFu);
 }
+#endif

@@ -28,6 +28,8 @@ typedef enum ps_status {
     PS_E_NOMEM,
     /* OverflowError: a column passes Arrow's 2 GiB (int32 offsets) */
     PS_E_OVERFLOW,
+    /* CodecUnavailable: a sub-batch's codec, built without its library */
+    PS_E_CODEC_MISSING,
 } ps_status;
 
 typedef struct ps_error {

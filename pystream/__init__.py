@@ -7,6 +7,7 @@ in docs/ (README.md links its pages).
 from . import metrics
 from ._core import Chunk, FrameReader, StreamDecoder, crc32, decode, schema
 from ._version import __version__
+from .build import BuildInfo, build_info
 from .client import Client, StreamInfo, connect
 from .consumer import Consumer
 from .credit import Credit
@@ -15,6 +16,7 @@ from .errors import (
     AuthenticationFailure,
     AuthenticationFailureLoopback,
     CertificateVerificationError,
+    CodecUnavailable,
     ConfirmTimeout,
     ConnectionClosed,
     ConnectionLost,
@@ -76,5 +78,5 @@ __all__ = [
     "UnknownFrame", "InternalError", "AccessRefused", "PreconditionFailed",
     "PublisherDoesNotExist", "NoOffset", "MissingPassword",
     "ConfirmTimeout", "SendTimeout", "ProducerClosed", "RoutingError",
-    "PartitionsFailed",
+    "PartitionsFailed", "CodecUnavailable", "BuildInfo", "build_info",
 ]

@@ -22,6 +22,12 @@ def crc32(data: Buffer, value: int = 0) -> int:
 def _code_paths() -> dict[str, str | int]:
     """The CRC-32 code this CPU runs and the two-thread CRC split."""
 
+def crc32_implementation() -> str:
+    """Which code computes crc32 on this build and CPU, in words."""
+def codecs() -> tuple[Codec, ...]:
+    """The sub-batch codecs this build can decode and encode."""
+def check_codec(codec: Codec) -> None:
+    """Raise CodecUnavailable if this build lacks ``codec``."""
 def schema(*, columns: Iterable[Column] | None = None, body: Body = "view",
            error_policy: ErrorPolicy = "raise") -> pa.Schema:
     """The schema of the batches decoded with these options."""

@@ -47,7 +47,8 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 import numpy as np
 import pyarrow as pa
 
-from pystream.errors import (CorruptChunk, DecompressionLimit, FrameTooLarge,
+from pystream.errors import (CodecUnavailable, CorruptChunk, DecompressionLimit,
+                             FrameTooLarge,
                              MalformedMessage, ProtocolError, StreamError,
                              TruncatedFrame)
 # The module is one extension split by concern into these includes.
@@ -76,6 +77,8 @@ cdef int raise_error(const ps_error *err) except -1:
         raise MemoryError(msg)
     if code == PS_E_OVERFLOW:
         raise OverflowError(msg)
+    if code == PS_E_CODEC_MISSING:
+        raise CodecUnavailable(what)
     raise SystemError(f"pystream._core: unknown error code {code}: {msg}")
 
 

@@ -31,6 +31,13 @@ def crc32(data, value=0):
     return crc32_of(ps_crc32, data, value)
 
 
+def crc32_implementation():
+    """Which code computes :func:`crc32` on this build and CPU, in words:
+    ISA-L's variant (the one its dispatcher picks on this CPU), pystream's
+    256-bit folding, or zlib's crc32 in a build without ISA-L."""
+    return ps_crc32_implementation().decode()
+
+
 def _crc32_fold256(data, value=0):
     """``crc32`` by the 256-bit folding on any CPU that can run it, even one
     where ``crc32`` takes ISA-L's wider folding (for the tests)."""
@@ -173,7 +180,7 @@ def _code_paths():
     which a chunk's CRC is split over two threads, ``crc_worker`` whether
     that second thread is available ("none" once one could not start).
     Decoding itself has one path, the same C parser on every CPU."""
-    return {"crc": ps_crc32_impl().decode("ascii"),
+    return {"crc": ps_crc32_implementation().decode("ascii"),
             "crc_split_bytes": SPLIT_CRC_BYTES,
             "crc_worker": "none" if crc_worker_failed else "two threads"}
 

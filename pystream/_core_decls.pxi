@@ -13,6 +13,7 @@ cdef extern from "status.h":
         PS_E_PROTOCOL
         PS_E_NOMEM
         PS_E_OVERFLOW
+        PS_E_CODEC_MISSING
     ctypedef struct ps_error:
         int code
         uint64_t position
@@ -37,7 +38,7 @@ cdef extern from "crc.h":
     uint32_t ps_crc32(uint32_t crc, const uint8_t *p, size_t n) nogil
     uint32_t ps_crc32_fold256(uint32_t crc, const uint8_t *p, size_t n) nogil
     uint32_t ps_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) nogil
-    const char *ps_crc32_impl()
+    const char *ps_crc32_implementation()
 
 cdef extern from "buf.h":
     ctypedef struct ps_buf:
@@ -140,6 +141,7 @@ cdef extern from "codec.h":
         pass
     ps_codecs *ps_codecs_new()
     void ps_codecs_free(ps_codecs *c)
+    int ps_codec_available(int codec)
 
 cdef extern from "encode.h":
     enum:

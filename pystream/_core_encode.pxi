@@ -218,6 +218,22 @@ cdef list free_codecs = []      # list.pop / append are atomic under the GIL
 CODECS = {None: -1, "none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 
+def codecs():
+    """The sub-batch codecs this build can decode and encode: every one in
+    a wheel; a source build lacks those whose library it did not find."""
+    return tuple(name for name, number in CODECS.items()
+                 if name is not None and ps_codec_available(number))
+
+
+def check_codec(codec):
+    """Raise :class:`~pystream.errors.CodecUnavailable` if this build
+    cannot (de)compress ``codec`` (a name of ``CODECS``)."""
+    if not ps_codec_available(CODECS[codec]):
+        raise CodecUnavailable(
+            f"{codec}: pystream was built without {codec} (install "
+            f"lib{codec} and rebuild)")
+
+
 def encode_publish(publisher_id, first_publishing_id, bodies, *,
                    properties=None, application_properties=None,
                    message_annotations=None, filter_values=None, amqp=True,
@@ -278,6 +294,8 @@ def encode_publish(publisher_id, first_publishing_id, bodies, *,
     pub.count = n
     pub.amqp = bool(amqp)
     pub.codec = CODECS[compression]
+    if pub.codec > 0 and not ps_codec_available(pub.codec):
+        check_codec(compression)
     pub.sub_batch = sub_batch_size
     pub.max_frame = max_frame_size or 0xFFFFFFFF
     pub.body = body.s

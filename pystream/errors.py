@@ -137,6 +137,13 @@ class DecompressionLimit(CorruptChunk):
     not to its announced size."""
 
 
+class CodecUnavailable(StreamError):
+    """A sub-batch (read or to publish) uses a codec this build of pystream
+    lacks: a source build made without that codec's library. The message
+    names the codec and the library to install before rebuilding;
+    :func:`pystream.build_info` lists what the build has."""
+
+
 class MalformedMessage(StreamError):
     """An AMQP 1.0 message inside an entry cannot be decoded."""
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from . import metrics
 from . import protocol as P
-from ._core import encode_publish
+from ._core import check_codec, encode_publish
 from .arrow import Batch, as_batch
 from .confirms import CallbackThread, ConfirmFuture, Confirms, _Batch
 from .errors import (
@@ -54,9 +54,12 @@ CODECS: tuple[None, Codec, Codec, Codec, Codec, Codec] = (
 
 
 def codec(name: str | None) -> Codec | None:
-    """``name``, checked against the codecs the encoder knows."""
+    """``name``, checked against the codecs the encoder knows and this build
+    has (:class:`~pystream.errors.CodecUnavailable` names a missing one)."""
     for known in CODECS:
         if name == known:
+            if known is not None:
+                check_codec(known)
             return known
     raise ValueError(f"compression must be one of {CODECS[1:]}")
 

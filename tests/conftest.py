@@ -337,3 +337,31 @@ def remove_leftovers() -> Iterator[None]:
                 api = leftovers.Management(url)
                 if api.reachable():
                     leftovers.remove(api, leftovers.leftovers(api))
+
+
+# --- a build without some libraries (tests/test_build_options.py) -----------
+
+# The libraries the build under test was made without on purpose
+# (PYSTREAM_WITHOUT when it was built): set only by the run of the
+# broker-free tests against such a build. Everywhere else the build must
+# have everything (test_build_options.py::test_this_build_has_everything).
+BUILT_WITHOUT = frozenset(
+    name for name in os.environ.get("PYSTREAM_TEST_WITHOUT", "").split(",") if name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In a run against a build made without a codec, a test that fails
+    with that codec's CodecUnavailable needs the codec: it is reported as
+    skipped, naming it. Any other failure stays a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if not BUILT_WITHOUT or call.excinfo is None or report.when != "call":
+        return
+    if not call.excinfo.errisinstance(pystream.CodecUnavailable):
+        return
+    codec = str(call.excinfo.value).split(":", 1)[0].split()[0]
+    if codec in BUILT_WITHOUT:
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"Skipped: needs {codec}, which this build lacks")

@@ -683,9 +683,12 @@ def test_usage_errors_exit_2(capsys):
     assert status == 0 and "publish" in out
 
 
-def test_version_is_the_package_version(capsys):
+def test_version_is_the_package_version_and_says_what_the_build_has(capsys):
     status, out, _ = run(capsys, "--version")
-    assert status == 0 and out.strip() == f"pystream {pystream.__version__}"
+    info = pystream.build_info()
+    assert status == 0 and out.strip() == (
+        f"pystream {pystream.__version__} (CRC-32: {info.crc}; codecs: "
+        f"{' '.join(info.codecs)})")
 
 
 def test_start_spec():

@@ -49,6 +49,26 @@ def _project() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
+def source_tree(dest: Path, *folders: str) -> Path:
+    """A copy at ``dest`` of what building the extension in place needs,
+    and of ``folders``, without anything built."""
+    dest.mkdir(parents=True)
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, dest / name)
+    skip = shutil.ignore_patterns("*.so", "__pycache__", "_core.c", "output")
+    for name in ("csrc", "pystream", *folders):
+        shutil.copytree(ROOT / name, dest / name, ignore=skip)
+    return dest
+
+
+def _setup_optional() -> dict[str, tuple[str, str]]:
+    """setup.py's ``OPTIONAL``: the libraries it links where it finds them."""
+    for node in ast.parse((ROOT / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "OPTIONAL":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no OPTIONAL")
+
+
 def _setup_calls() -> dict[str, dict]:
     """The literal keyword arguments of setup.py's ``setup(...)`` and
     ``Extension(...)`` calls (those that are literals: the libraries)."""
@@ -172,7 +192,8 @@ def test_recipe_renders_with_the_package_version(recipe, project):
 
 def test_recipe_requirements_match_pyproject(recipe, project):
     reqs = recipe["requirements"]
-    libraries = _setup_calls()["Extension"]["libraries"]
+    # the one it needs, and those it links when the build finds them
+    libraries = [*_setup_calls()["Extension"]["libraries"], *_setup_optional()]
     # every library the extension links has its conda package ...
     assert set(libraries) == set(CONDA_LIBRARIES), \
         "setup.py links a library CONDA_LIBRARIES does not know"
@@ -469,7 +490,8 @@ def _declared_minimums() -> list[str]:
 # broker-free tests that need more than the package and pytest: the spark
 # extra, this file's renderers, the documentation's broker
 ORACLES = ("rbfly", "rstream", "python-qpid-proton", "opentelemetry-sdk")
-NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_readme.py")
+NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_readme.py",
+                     "test_build_options.py")
 
 
 @pytest.mark.slow
@@ -509,13 +531,7 @@ def test_development_build_fails_on_a_csrc_warning(tmp_path):
     release build (no PYSTREAM_DEV: make wheel, pip) takes the same
     warning. (The C that Cython generates has warnings of its own, which
     make build passes: it builds this checkout.)"""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, src / name)
-    skip = shutil.ignore_patterns("*.so", "__pycache__", "_core.c")
-    shutil.copytree(ROOT / "csrc", src / "csrc", ignore=skip)
-    shutil.copytree(ROOT / "pystream", src / "pystream", ignore=skip)
+    src = source_tree(tmp_path / "src")
     with open(src / "csrc" / "buf.c", "a") as f:
         f.write("\nstatic int never_called(void) { return 0; }\n")
     build = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]

@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pystream import __version__
+from pystream import build_info
 from pystream.tls import SASL_MECHANISMS
 
 from .admin import cmd_create, cmd_delete, cmd_stats, cmd_streams
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n")[-1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version",
-                        version=f"pystream {__version__}")
+                        version=str(build_info()))
     _add_global_options(parser, top=True)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND",
                                      required=True)
