@@ -43,7 +43,7 @@ def test_a_build_without_isal_lz4_and_zstd_passes_the_core_tests(tmp_path):
     name, and build_variant_checks.py shows what differs."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYSTREAM_DEV="1", PYSTREAM_WITHOUT=WITHOUT)
-    tree = source_tree(tmp_path / "src", "tests")
+    tree = source_tree(tmp_path / "src", "tests", "tools")
     built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
                            cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stdout + built.stderr
@@ -128,8 +128,9 @@ def test_the_sdist_builds_and_passes_in_a_root_with_only_a_compiler(tmp_path):
     assert "zlib crc32" in info and "ISA-L" not in info, info
     assert "codecs: none gzip)" in info, info
 
-    shutil.copytree(ROOT / "tests", tmp_path / "checkout" / "tests",
-                    ignore=shutil.ignore_patterns("__pycache__", "output"))
+    for folder in ("tests", "tools"):   # tools: what tests share with bench
+        shutil.copytree(ROOT / folder, tmp_path / "checkout" / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "output"))
     out = _in_root(MINIMAL_ROOT, tmp_path, "sh", "-c",
                    "cd /work/checkout && PYSTREAM_TEST_WITHOUT=isal,lz4,zstd,snappy "
                    "/work/venv/bin/python -P -m pytest -q -p no:cacheprovider "
