@@ -313,7 +313,8 @@ def _in_root(root: Path, work: Path, *cmd: str, timeout: float = 600) -> str:
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> dict[str, Path]:
     """``make wheel``'s output for this checkout, built once for the module:
-    the sdist, the wheel for this Python's version and the stable-ABI one."""
+    the sdist, the wheel for this Python's version, the stable-ABI one and
+    the stable-ABI one for aarch64 (tests/test_platforms.py runs it)."""
     out = tmp_path_factory.mktemp("dist")
     env = _clean_env()
     env["PYTHON"] = sys.executable
@@ -321,16 +322,19 @@ def dist(tmp_path_factory) -> dict[str, Path]:
                timeout=1200)
     print(log)
     (wheel,) = out.glob(f"*-{CPYTHON}-{CPYTHON}-*.whl")
-    (abi3,) = out.glob("*-cp311-abi3-*.whl")
+    (abi3,) = out.glob("*-cp311-abi3-*_x86_64.whl")
+    (aarch64,) = out.glob("*-cp311-abi3-*_aarch64.whl")
     (sdist,) = out.glob("*.tar.gz")
-    assert len(list(out.iterdir())) == 3, list(out.iterdir())
-    return {"wheel": wheel, "abi3": abi3, "sdist": sdist}
+    assert len(list(out.iterdir())) == 4, list(out.iterdir())
+    return {"wheel": wheel, "abi3": abi3, "aarch64": aarch64, "sdist": sdist}
 
 
 CPYTHON = "cp{}{}".format(*sys.version_info[:2])
 # the extension's file name in each wheel
 CORE = {"wheel": f"_core.cpython-{CPYTHON[2:]}-x86_64-linux-gnu.so",
-        "abi3": "_core.abi3.so"}
+        "abi3": "_core.abi3.so", "aarch64": "_core.abi3.so"}
+# ELF e_machine of each wheel's extension
+ELF_MACHINE = {"wheel": 62, "abi3": 62, "aarch64": 183}
 
 
 def _platform_tags(wheel: Path) -> list[str]:
@@ -339,20 +343,23 @@ def _platform_tags(wheel: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["wheel", "abi3"])
+@pytest.mark.parametrize("kind", ["wheel", "abi3", "aarch64"])
 def test_wheel_is_manylinux_and_bundles_the_libraries(dist, kind):
     wheel = dist[kind]
     name, version, python, abi, _ = wheel.name.split("-")
     assert (name, version) == (DIST_NAME.replace("-", "_"), pystream.__version__)
     assert (python, abi) == ((CPYTHON, CPYTHON) if kind == "wheel" else ("cp311", "abi3"))
     for tag in _platform_tags(wheel):
-        m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", tag)
+        arch = "aarch64" if kind == "aarch64" else "x86_64"
+        m = re.fullmatch(rf"manylinux_(\d+)_(\d+)_{arch}", tag)
         assert m and (int(m[1]), int(m[2])) <= (2, 31), tag
     names = zipfile.ZipFile(wheel).namelist()
     libs = [n.split("/")[-1] for n in names if n.startswith("pystream_rabbitmq.libs/")]
     for lib in BUNDLED:
         assert any(n.startswith(lib + "-") for n in libs), (lib, libs)
     assert f"pystream/{CORE[kind]}" in names
+    elf = zipfile.ZipFile(wheel).read(f"pystream/{CORE[kind]}")
+    assert struct.unpack_from("<H", elf, 18)[0] == ELF_MACHINE[kind]
     assert "pystream/py.typed" in names and "pystream/_core.pyi" in names
     assert "pystream/spark/__init__.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

@@ -50,3 +50,33 @@ in_debian_root() {
         exec chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/work "$@"' \
         sh "$dir" "$work" "$@"
 }
+
+# debian_foreign_root ARCH SUITE DIR PACKAGE...: the files of PACKAGEs (and
+# their dependencies, and the suite's required ones) for another
+# architecture ARCH, unpacked into DIR: a cross compiler's --sysroot, or the
+# root qemu-user finds an emulated program's libraries in (-L DIR). Nothing
+# is configured: debootstrap's second stage would run ARCH's programs, which
+# needs binfmt. Its first stage resolves and checks the packages and
+# unpacks the required ones; the rest are unpacked here. DIR as debian_root.
+debian_foreign_root() {
+    local arch=$1 suite=$2 dir=$3 log=$3.log mirror packages deb
+    shift 3
+    [[ -d $dir ]] && return
+    [[ $EUID -eq 0 ]] || { echo "error: building the $suite $arch root needs root" >&2; return 1; }
+    mirror=$(debian_mirror)
+    packages=$(IFS=,; echo "$*")
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir.tmp"
+    echo "[root] unpacking Debian $suite $arch into $dir (first run only; log: $log)"
+    if ! debootstrap --foreign --arch="$arch" --variant=minbase \
+            --force-check-gpg --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+            --include="$packages" "$suite" "$dir.tmp" "$mirror" </dev/null >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        echo "error: debootstrap --foreign $suite $arch failed (log: $log)" >&2
+        return 1
+    fi
+    for deb in "$dir.tmp"/var/cache/apt/archives/*.deb; do
+        dpkg-deb -x "$deb" "$dir.tmp"
+    done
+    mv -T "$dir.tmp" "$dir"
+}
