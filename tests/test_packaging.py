@@ -378,10 +378,17 @@ def test_wheel_links_on_glibc_2_31(dist, tmp_path, kind):
     zipfile.ZipFile(dist[kind]).extractall(tmp_path / "wheel")
     out = _in_root(BULLSEYE_ROOT, tmp_path, "ldd", "-r",
                    f"/work/wheel/pystream/{CORE[kind]}")
+    check_ldd(out, "/work/wheel/")
+
+
+def check_ldd(out: str, wheel: str) -> None:
+    """``ldd -r``'s account of the extension of a wheel unpacked at
+    ``wheel``: no symbol version or library missing, no shared zlib, the
+    bundled libraries from the wheel, only Python's symbols undefined."""
     assert "GLIBC" not in out and "not found" not in out, out
     assert "libz.so" not in out, out
     for lib in BUNDLED:
-        assert re.search(rf"^\s*{lib}-\w+\.so\S* => /work/wheel/\S*pystream_rabbitmq\.libs/",
+        assert re.search(rf"^\s*{lib}-\w+\.so\S* => {re.escape(wheel)}\S*pystream_rabbitmq\.libs/",
                          out, re.M), (lib, out)
     undefined = re.findall(r"undefined symbol: (\S+)", out)
     assert undefined and all(s.startswith(("Py", "_Py")) for s in undefined), undefined

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -28,12 +29,14 @@ import pytest
 from tools import results
 
 from .conftest import ROOT
-from .test_packaging import BUILD_CACHE, _clean_env, _project, _run, dist  # noqa: F401
+from .test_packaging import BUILD_CACHE, _clean_env, _project, _run, check_ldd, dist  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
 # bookworm's arm64 Python 3.11, unpacked by scripts/build-wheel
 ARM_ROOT = BUILD_CACHE / "bookworm-arm64-root"
+# the arm64 sysroot the wheel is compiled against (glibc 2.31)
+ARM_SYSROOT = BUILD_CACHE / "bullseye-arm64-root"
 ARM_PYTHON = ARM_ROOT / "usr" / "bin" / "python3.11"
 QEMU = "qemu-aarch64-static"
 # the C core's tests that need no broker and no other client as an oracle
@@ -100,6 +103,22 @@ def test_emulated_python_runs_the_aarch64_wheel(arm_site, tmp_path):
     assert info["crc"] == "ISA-L crc32_gzip_refl PMULL folding", info
     assert info["code_paths"]["crc"] == info["crc"], info
     assert set(info["codecs"]) >= {"gzip", "snappy", "lz4", "zstd"}, info
+
+
+def test_aarch64_wheel_links_on_glibc_2_31(dist, tmp_path):  # noqa: F811
+    """bullseye arm64's dynamic loader (glibc 2.31), emulated, resolves the
+    extension and its bundled libraries as ``ldd -r`` would: no symbol
+    version missing, zlib linked in, only Python's symbols undefined."""
+    wheel = tmp_path / "wheel"
+    zipfile.ZipFile(dist["aarch64"]).extractall(wheel)
+    env = {**_clean_env(), "QEMU_SET_ENV": "LD_TRACE_LOADED_OBJECTS=1,LD_WARN=yes,LD_BIND_NOW=yes"}
+    done = subprocess.run([QEMU, "-L", str(ARM_SYSROOT),
+                           str(ARM_SYSROOT / "lib" / "ld-linux-aarch64.so.1"),
+                           str(wheel / "pystream" / "_core.abi3.so")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert "ld-2.31.so" in os.readlink(ARM_SYSROOT / "lib" / "ld-linux-aarch64.so.1")
+    check_ldd(out, f"{wheel}/")
 
 
 def test_core_tests_pass_emulated(arm_site, tmp_path):
