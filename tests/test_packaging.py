@@ -310,12 +310,22 @@ def _in_root(root: Path, work: Path, *cmd: str, timeout: float = 600) -> str:
                 timeout=timeout)
 
 
+# make wheel's output, built once for the session: tests/test_platforms.py
+# imports the fixture, which pytest sets up again for that module.
+_BUILT: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> dict[str, Path]:
-    """``make wheel``'s output for this checkout, built once for the module:
-    the sdist, the wheel for this Python's version, the stable-ABI one and
-    the stable-ABI one for aarch64 (tests/test_platforms.py runs it)."""
-    out = tmp_path_factory.mktemp("dist")
+    """``make wheel``'s output for this checkout: the sdist, the wheel for
+    this Python's version, the stable-ABI one and the stable-ABI one for
+    aarch64 (tests/test_platforms.py runs it)."""
+    if not _BUILT:
+        _BUILT.update(_make_wheel(tmp_path_factory.mktemp("dist")))
+    return dict(_BUILT)
+
+
+def _make_wheel(out: Path) -> dict[str, Path]:
     env = _clean_env()
     env["PYTHON"] = sys.executable
     log = _run(ROOT / "scripts" / "build-wheel", out, cwd=ROOT, env=env,
