@@ -19,13 +19,17 @@ debian_root() {
     fi
     mirror=$(debian_mirror)
     packages=$(IFS=,; echo "$*")
+    # a debootstrap older than the suite has no script of its own for it:
+    # sid's serves every later suite
+    local script=/usr/share/debootstrap/scripts/$suite
+    [[ -e $script ]] || script=/usr/share/debootstrap/scripts/sid
     mkdir -p "$(dirname "$dir")"
     rm -rf "$dir.tmp"
     echo "[root] debootstrapping Debian $suite into $dir (first run only, a few minutes; log: $log)"
     # Debian's keyring on the host signs bullseye to trixie: insist on checking.
     if ! unshare --mount --propagation private -- debootstrap --variant=minbase \
             --force-check-gpg --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
-            --include="$packages" "$suite" "$dir.tmp" "$mirror" </dev/null >"$log" 2>&1; then
+            --include="$packages" "$suite" "$dir.tmp" "$mirror" "$script" </dev/null >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         echo "error: debootstrap $suite failed (log: $log)" >&2
         return 1
