@@ -59,7 +59,7 @@ def test_a_build_without_isal_lz4_and_zstd_passes_the_core_tests(tmp_path):
     assert not any(lib in linked for lib in ("libisal", "liblz4", "libzstd")), linked
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYSTREAM_TEST_WITHOUT"] = WITHOUT
+    env.update(PYSTREAM_TEST_WITHOUT=WITHOUT, PYSTREAM_TEST_KEEP_LEFTOVERS="1")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "-m", "not broker and not slow", "-rs", *CORE_TESTS],
                          cwd=tree, env=env, capture_output=True, text=True,
@@ -134,6 +134,7 @@ def test_the_sdist_builds_and_passes_in_a_root_with_only_a_compiler(tmp_path):
     checkout_tests(tmp_path / "checkout")
     out = _in_root(MINIMAL_ROOT, tmp_path, "sh", "-c",
                    "cd /work/checkout && PYSTREAM_TEST_WITHOUT=isal,lz4,zstd,snappy "
+                   "PYSTREAM_TEST_KEEP_LEFTOVERS=1 "
                    "/work/venv/bin/python -P -m pytest -q -p no:cacheprovider "
                    "--import-mode=append -m 'not broker and not slow' -rs "
                    + " ".join(MINIMAL_TESTS), timeout=1200)

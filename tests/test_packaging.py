@@ -493,7 +493,10 @@ def test_abi3_wheel_in_another_python(dist, tmp_path, modern_stream, version):
     assert "decodes golden frames" in out
     checkout_tests(tmp_path / "checkout")
     out = _in_root(root, tmp_path, "sh", "-c",
-                   "cd /work/checkout && /work/venv/bin/python -P -m pytest -q "
+                   # its HOME is not ours: it would take itself for the only
+                   # suite running and remove every test stream at its end
+                   "cd /work/checkout && PYSTREAM_TEST_KEEP_LEFTOVERS=1 "
+                   "/work/venv/bin/python -P -m pytest -q "
                    "-p no:cacheprovider --import-mode=append "
                    "-m 'not broker and not slow' " + " ".join(ENGINE_TESTS), timeout=1200)
     summary = out.strip().splitlines()[-1]
