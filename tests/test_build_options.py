@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import pystream
+from tools.sources import build_in_place, source_tree
 
 from .conftest import BUILT_WITHOUT
 from .test_packaging import (
@@ -21,7 +22,6 @@ from .test_packaging import (
     _run,
     checkout_tests,
     debian_root,
-    source_tree,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,11 +47,8 @@ def test_a_build_without_isal_lz4_and_zstd_passes_the_core_tests(tmp_path):
     """The C core's tests pass against a build made without ISA-L, lz4 and
     zstd (-Werror, as make build), those that need lz4 or zstd skipped by
     name, and build_variant_checks.py shows what differs."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYSTREAM_DEV="1", PYSTREAM_WITHOUT=WITHOUT)
     tree = source_tree(tmp_path / "src", "tests", "tools")
-    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                           cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    built = build_in_place(tree, PYSTREAM_DEV="1", PYSTREAM_WITHOUT=WITHOUT)
     assert built.returncode == 0, built.stdout + built.stderr
     core = next((tree / "pystream").glob("_core*.so"))
     linked = subprocess.run(["ldd", str(core)], capture_output=True, text=True).stdout

@@ -29,6 +29,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 import pystream
+from tools.sources import source_tree
 
 from .conftest import ROOT
 from .golden import GOLDEN, require
@@ -47,18 +48,6 @@ CONDA_LIBRARIES = {"isal": "isa-l", "z": "zlib", "lz4": "lz4-c",
 def _project() -> dict:
     """pyproject.toml's ``[project]`` table: the distribution's metadata."""
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-
-
-def source_tree(dest: Path, *folders: str) -> Path:
-    """A copy at ``dest`` of what building the extension in place needs,
-    and of ``folders``, without anything built."""
-    dest.mkdir(parents=True)
-    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, dest / name)
-    skip = shutil.ignore_patterns("*.so", "__pycache__", "_core.c", "output")
-    for name in ("csrc", "pystream", *folders):
-        shutil.copytree(ROOT / name, dest / name, ignore=skip)
-    return dest
 
 
 def _setup_optional() -> dict[str, tuple[str, str]]:
