@@ -76,7 +76,7 @@ class MessageCursor:
                 if (item is not None and subs.first() is item
                         and not subs.unreturned()
                         and item.handed < len(self.offsets)):
-                    began = item.sub.position  # type: ignore[union-attr]
+                    began = item.sub.position
                     sub = item.sub
                     row = self.take(item, sends)
             if row is not None:
@@ -98,7 +98,6 @@ class MessageCursor:
             self.item = item
             self.offsets = item.batch.column(0).to_numpy().tolist()  # type: ignore[union-attr]
         sub = item.sub
-        assert sub is not None
         row = item.handed
         total = len(self.offsets)
         if row < total:
@@ -401,7 +400,7 @@ class Consumer:
                 batch = binary_bodies(batch)
             if self.super_stream is not None:
                 batch = batch.replace_schema_metadata(
-                    {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
+                    {b"stream": item.sub.stream.encode()})
             return batch
 
         return self._handed_next(timeout, take, finish, taken)
@@ -431,7 +430,6 @@ class Consumer:
                         item = subs.head(deadline, self.read_while_waiting)
                         if item is None:
                             return None
-                        assert item.sub is not None
                         began[item.sub] = self._next_offset(item)
                         got = take(item, sends)
                     for sub, n in sends:
@@ -454,13 +452,12 @@ class Consumer:
         its subscription's position, or (nothing handed yet) the chunk's
         first."""
         sub, chunk = item.sub, item.chunk
-        assert sub is not None and chunk is not None
         return sub.position if sub.position is not None else chunk.first_offset
 
     def _filter(self, item: Queued) -> None:
         if not item.filtered:
             if self.filter is not None and self.filter.post_filter is not None:
-                assert item.sub is not None and item.batch is not None  # not the end marker
+                assert item.batch is not None  # decoded by Subscriptions.head
                 rows = item.batch.num_rows
                 item.batch = self.filter.apply(item.batch)
                 item.sub.stats.filtered += rows - item.batch.num_rows
@@ -481,7 +478,7 @@ class Consumer:
         first = self._hand(item, sends, max_rows)
         parts = [first] if first is not None and first.num_rows else []
         rows = parts[0].num_rows if parts else 0
-        size = item.chunk.size  # type: ignore[union-attr]
+        size = item.chunk.size
         limit_rows = min(x for x in (max_rows, self.max_batch_rows, 1 << 62)
                          if x is not None)
         limited = self.max_batch_rows is not None or self.max_batch_bytes is not None
@@ -492,14 +489,14 @@ class Consumer:
             take: int | None = limit_rows - rows
             if limited:
                 if (self.max_batch_bytes is not None and parts
-                        and size + nxt.chunk.size > self.max_batch_bytes):  # type: ignore[union-attr]
+                        and size + nxt.chunk.size > self.max_batch_bytes):
                     break
             else:
                 take = None  # whole chunks only
                 if rows + nxt.batch.num_rows - nxt.handed > min(limit_rows, JOIN_ROWS):
                     break
             more = self._hand(nxt, sends, take)
-            size += nxt.chunk.size  # type: ignore[union-attr]
+            size += nxt.chunk.size
             if more is not None and more.num_rows:
                 parts.append(more)
                 rows += more.num_rows
@@ -510,7 +507,6 @@ class Consumer:
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
         sub = item.sub
-        assert sub is not None
         self._filter(item)
         batch = item.batch
         assert batch is not None
@@ -529,7 +525,7 @@ class Consumer:
         counted: credit, metrics, offset tracking; a chunk handed whole
         leaves the queue."""
         sub, chunk, batch = item.sub, item.chunk, item.batch
-        assert sub is not None and chunk is not None and batch is not None
+        assert batch is not None  # decoded by Subscriptions.head
         total = batch.num_rows
         start, end = item.accounted, item.handed
         item.accounted = end

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -63,29 +64,32 @@ IDLE_SECONDS = 1.0  # lag: no chunk for this long with credit is caught up
 
 
 class Queued:
-    """A chunk waiting for the application, or (``sub`` None) the end of the
-    consumer with the error to raise there, if any."""
+    """A chunk waiting for the application."""
 
-    __slots__ = ("sub", "chunk", "batch", "handed", "accounted", "filtered",
-                 "error")
+    __slots__ = ("sub", "chunk", "batch", "handed", "accounted", "filtered")
 
-    def __init__(self, sub: Subscription | None, chunk: Chunk | None,
-                 error: BaseException | None = None) -> None:
+    def __init__(self, sub: Subscription, chunk: Chunk) -> None:
         self.sub = sub
         self.chunk = chunk
-        self.batch = chunk.batch if chunk is not None else None
+        self.batch = chunk.batch  # None until decoded (Subscriptions._inflate)
         self.handed = 0          # rows of ``batch`` handed so far
         # Of those, rows counted for credit, metrics and offset tracking
         # (``messages()`` counts a chunk's records at its end, or when the
         # next take from it does).
         self.accounted = 0
         self.filtered = False    # post filter applied
-        self.error = error
 
     @property
     def cost(self) -> int:
-        assert self.chunk is not None
         return cost(self.chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The end of the consumer's queue, after the chunks queued before it:
+    the error to raise to the application there, if any."""
+
+    error: BaseException | None
 
 
 def cost(chunk: Chunk) -> int:

@@ -35,7 +35,7 @@ from .errors import (
     next_retry_delay,
 )
 from .records import Filter
-from .stream_subscription import Queued, Subscription, cost
+from .stream_subscription import End, Queued, Subscription, cost
 
 if TYPE_CHECKING:
     from .admin import Admin
@@ -74,7 +74,7 @@ class Subscriptions:
 
         self._lock = threading.RLock()  # the lock of _cond, for short holds
         self._cond = threading.Condition(self._lock)
-        self._queue: deque[Queued] = deque()
+        self._queue: deque[Queued | End] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()
         # Where subscriptions go back to for rows an interrupt kept from the
@@ -153,13 +153,13 @@ class Subscriptions:
         if n:
             self.send_credit(sub, n)
 
-    def _inflate(self, item: Queued) -> None:
+    def _inflate(self, item: Queued | End) -> None:
         """Under the lock: decode the queue's head if its admission left it
         undecoded (it did not fit the budget beside the chunks before it).
         One that fails ends the consumer there, as on arrival."""
-        chunk, sub = item.chunk, item.sub
-        if chunk is None or sub is None or chunk.batch is not None:
+        if isinstance(item, End) or item.chunk.batch is not None:
             return
+        chunk, sub = item.chunk, item.sub
         try:
             chunk.decode()
         except StreamError as exc:
@@ -236,7 +236,7 @@ class Subscriptions:
             sub.live = False
         if not after_queue:
             self._queue.clear()
-        self._queue.append(Queued(None, None, error))
+        self._queue.append(End(error))
         self._notify()
         self._interrupt_reads()
 
@@ -277,7 +277,8 @@ class Subscriptions:
             for sub, position in positions.items():
                 if position is None:  # nothing handed yet: from what came
                     position = next((q.chunk.first_offset for q in self._queue
-                                     if q.sub is sub and q.chunk is not None), None)
+                                     if isinstance(q, Queued) and q.sub is sub),
+                                    None)
                 sub.rewound(position)
                 sub.rewinds += 1
                 self._drop_queued(sub)
@@ -288,7 +289,7 @@ class Subscriptions:
     def _drop_queued(self, sub: Subscription) -> None:
         """Under the lock: forget what ``sub`` queued, to be read again
         from its position."""
-        kept = [q for q in self._queue if q.sub is not sub]
+        kept = [q for q in self._queue if isinstance(q, End) or q.sub is not sub]
         self._queue.clear()
         self._queue.extend(kept)
         sub.received = None
@@ -315,7 +316,7 @@ class Subscriptions:
                 self._cond.wait(left)
         self._inflate(self._queue[0])  # may end the consumer there instead
         item = self._queue[0]
-        if item.sub is None:  # the end marker
+        if isinstance(item, End):
             self._closed = True
             self._queue.clear()
             if item.error is not None:
@@ -324,8 +325,10 @@ class Subscriptions:
         return item
 
     def first(self) -> Queued | None:
-        """Under ``hold()``: the queue's first chunk, if any; no waiting."""
-        return self._queue[0] if self._queue else None
+        """Under ``hold()``: the queue's first chunk, if any (None at the
+        end); no waiting."""
+        item = self._queue[0] if self._queue else None
+        return item if isinstance(item, Queued) else None
 
     def done(self) -> None:
         """Under ``hold()``: the queue's first chunk was handed whole."""
