@@ -25,16 +25,9 @@ from . import metrics
 from . import protocol as P
 from ._core import Chunk
 from .credit import Credit, subscribe_credit
-from .errors import (
-    FIRST_RETRY_DELAY,
-    RECOVERABLE,
-    ConnectionLost,
-    NoOffset,
-    StreamDoesNotExist,
-    StreamError,
-    next_retry_delay,
-)
+from .errors import ConnectionLost, NoOffset, StreamError
 from .records import Filter
+from .retry import Backoff, retryable
 from .stream_subscription import End, Queued, Subscription, cost
 
 if TYPE_CHECKING:
@@ -80,7 +73,8 @@ class Subscriptions:
         # Where subscriptions go back to for rows an interrupt kept from the
         # application (see give_back); cleared once rewound.
         self._unreturned: dict[Subscription, int | None] = {}
-        self._broken_since: float | None = None
+        # The outage of the broken subscriptions: since when, the next wait.
+        self._backoff = Backoff(recovery_timeout)
         self._closed = False
         self._ended = False     # no more chunks will come (see _end)
         self._wakers: list[Callable[[], None]] = []
@@ -254,8 +248,7 @@ class Subscriptions:
         if sub.broken_at is None:
             sub.broken_at, sub.cause = time.monotonic(), cause
         self._broken_subs.add(sub)
-        if self._broken_since is None:
-            self._broken_since = time.monotonic()
+        self._backoff.start()
         self._interrupt_reads()
 
     def take_back(self) -> None:
@@ -561,12 +554,12 @@ class Subscriptions:
     def _maintain(self) -> None:
         """Resubscribe broken subscriptions with backoff; pick up new
         partitions of a super stream."""
-        delay = FIRST_RETRY_DELAY
+        retry_in = 0.0
         next_refresh = time.monotonic() + self.partition_refresh_seconds
         while True:
             with self._cond:
                 broken = list(self._broken_subs)
-            wait = (delay if broken else
+            wait = (retry_in if broken else
                     max(0.0, next_refresh - time.monotonic())
                     if self.super_stream is not None else None)
             if wait is None or wait > 0:
@@ -581,14 +574,15 @@ class Subscriptions:
             with self._cond:
                 broken = list(self._broken_subs)
             if broken:
-                delay = self._recover(broken, delay)
+                retry_in = self._recover(broken)
             elif (self.super_stream is not None
                     and time.monotonic() >= next_refresh):
                 next_refresh = time.monotonic() + self.partition_refresh_seconds
                 self._refresh_partitions()
 
-    def _recover(self, broken: list[Subscription], delay: float) -> float:
-        """One attempt at every broken subscription; the next delay."""
+    def _recover(self, broken: list[Subscription]) -> float:
+        """One attempt at every broken subscription; the wait before the
+        next, if some are still (or again) broken."""
         for sub in broken:
             # The broker forgot the subscription if its connection or
             # stream went, not if it was rewound: Unsubscribe if still open.
@@ -596,30 +590,28 @@ class Subscriptions:
             spec = sub.resume_spec()
             try:
                 self._subscribe(sub)
-            except StreamDoesNotExist as exc:
-                self._end(exc, after_queue=True)
-                return delay
-            except RECOVERABLE as exc:
+            except Exception as exc:
+                if not retryable(exc):  # e.g. the stream deleted
+                    self._end(exc, after_queue=True)
+                    return 0.0
                 log.info("resubscribing to %r failed: %s", sub.stream, exc)
-                since = self._broken_since or time.monotonic()
-                if time.monotonic() - since > self.recovery_timeout:
-                    self._end(ConnectionLost(
-                        f"stream {sub.stream!r} unreachable for "
-                        f"{self.recovery_timeout:g} s: {exc}"), after_queue=True)
-                return next_retry_delay(delay)
-            except StreamError as exc:
-                self._end(exc, after_queue=True)
-                return delay
+                if self._backoff.expired():
+                    self._end(self._backoff.final(sub.stream, exc), after_queue=True)
+                return self._backoff.failed()
             with self._cond:
                 if not sub.live:  # broken again already (or rewound): next round
                     continue
                 self._broken_subs.discard(sub)
                 if not self._broken_subs:
-                    self._broken_since = None
+                    self._backoff.reset()
                 broken_at, sub.broken_at = sub.broken_at, None
             if broken_at is not None:  # not a new partition
                 self._recovered(sub, spec, time.monotonic() - broken_at)
-        return FIRST_RETRY_DELAY
+        with self._cond:
+            again = bool(self._broken_subs)
+        # Broken again already: as after a failed attempt (the producer's
+        # recovery does the same), so a flapping stream is not hammered.
+        return self._backoff.failed() if again else 0.0
 
     def _recovered(self, sub: Subscription, spec: P.OffsetSpec,
                    seconds: float) -> None:

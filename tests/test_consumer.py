@@ -621,3 +621,23 @@ def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
         publish(client, stream, [amqp_message(b"after")])
         assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
         assert consumer._subs[stream].connection is not conn
+
+
+def test_an_unexpected_error_while_resubscribing_ends_the_consumer(
+        client, stream, monkeypatch):
+    """Recovery hits an error no retry cures and that is no StreamError:
+    the consumer ends with it, as a producer's recovery does, rather than
+    its maintenance thread dying and the application waiting for records
+    that never come."""
+    from pystream.subscription import Subscriptions
+    publish(client, stream, [amqp_message(b"before")])
+    with client.consumer(stream, offset="first") as consumer:
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"before"]
+
+        def broken(self, sub):
+            raise ValueError("not a stream error")
+
+        monkeypatch.setattr(Subscriptions, "_subscribe", broken)
+        consumer._subs[stream].on_metadata_update(0x06)  # resubscribe
+        with pytest.raises(ValueError, match="not a stream error"):
+            consumer.read(1, timeout=10)
