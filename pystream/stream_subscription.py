@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from . import metrics
 from . import protocol as P
 from ._core import Chunk
 from .credit import Credit, CreditController
-from .errors import ConnectionClosed, ConnectionLost, ReadInterrupted, StreamError
+from .errors import ConnectionClosed, ConnectionLost, NoOffset, ReadInterrupted, StreamError
 from .offsets import OffsetTracker
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class Owner(Protocol):
     auto_store: bool
     store_every_records: int
     store_every_seconds: float
+    _decode_options: dict[str, Any]
 
     @property
     def closed(self) -> bool: ...
@@ -57,7 +58,9 @@ class Owner(Protocol):
 
     def _rewind(self, positions: dict[Subscription, int | None], cause: str) -> None: ...
 
-    def _consumer_update(self, sub: Subscription, corr: int, active: bool) -> None: ...
+    def hold(self) -> threading.Condition: ...
+
+    def _drop_queued(self, sub: Subscription) -> None: ...
 
 
 IDLE_SECONDS = 1.0  # lag: no chunk for this long with credit is caught up
@@ -153,6 +156,21 @@ class Subscription:
         if position is not None and self.completed is not None:
             self.completed = min(self.completed, position)
 
+    def recovered(self, spec: P.OffsetSpec, seconds: float) -> None:
+        """Resubscribed from ``spec``, ``seconds`` after it broke."""
+        where = {P.OFFSET_OFFSET: f"offset {spec.value}",
+                 P.OFFSET_TIMESTAMP: f"timestamp {spec.value} ms",
+                 P.OFFSET_FIRST: "the first offset",
+                 P.OFFSET_LAST: "the last chunk",
+                 P.OFFSET_NEXT: "the next offset"}.get(spec.type, str(spec))
+        name = self.consumer.name
+        who = f"consumer {name!r}" if name is not None else "consumer"
+        log.warning("%s of stream %r recovered from %s: resubscribed from %s "
+                    "after %.2f s", who, self.stream,
+                    self.cause.replace("_", " "), where, seconds)
+        metrics.recovered("consumer", self.cause, self.stream, seconds,
+                          self.consumer.client.address)
+
     def store_offset(self, offset: int) -> None:
         conn = self.connection
         if conn is None or not conn.is_open:
@@ -223,9 +241,48 @@ class Subscription:
         self.consumer._end(error, after_queue=True)
 
     def on_consumer_update(self, correlation_id: int, active: bool) -> None:
-        threading.Thread(target=self.consumer._consumer_update,
-                         args=(self, correlation_id, active),
+        threading.Thread(target=self._consumer_update,
+                         args=(correlation_id, active),
                          name="pystream-consumer-update", daemon=True).start()
+
+    def _consumer_update(self, corr: int, active: bool) -> None:
+        """Single active consumer: the broker made this subscription active
+        (answer where to start) or inactive (give back what is queued)."""
+        owner, conn = self.consumer, self.connection
+        if conn is None:
+            return
+        spec = P.OffsetSpec(P.OFFSET_NEXT)
+        try:
+            with owner.hold():
+                # Deactivated: nothing more is handed (what is queued goes,
+                # ``messages()`` takes record by record) and, past the store
+                # below, nothing is stored (close and store_offset skip it).
+                owner._drop_queued(self)
+                self.active = active
+                completed = self.completed
+            if active:
+                spec = self.start
+                try:
+                    stored = owner.client.query_offset(self.stream, owner.name or "")
+                    resume = max(stored + 1, self.position or 0)
+                    spec = P.OffsetSpec(P.OFFSET_OFFSET, resume)
+                except NoOffset:
+                    if self.position is not None:
+                        spec = P.OffsetSpec(P.OFFSET_OFFSET, self.position)
+                if spec.type == P.OFFSET_OFFSET:
+                    with owner.hold():
+                        self.position = self.completed = spec.value
+                    conn.update_subscription(
+                        self.subscription_id, start_offset=spec.value,
+                        **owner._decode_options)
+            elif self.tracker is not None:
+                # What was processed: the consumer taking over resumes there,
+                # so a record handed and still in the application's hands
+                # is read again rather than lost.
+                self.tracker.flush(completed)
+            conn.send(P.ConsumerUpdateResponse(corr, P.RESPONSE_OK, spec))
+        except StreamError as exc:
+            log.warning("consumer update of %r failed: %s", self.stream, exc)
 
     def on_metadata_update(self, code: int) -> None:
         log.info("stream %r moved or went away (code %#x): resubscribing",

@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import metrics
 from . import protocol as P
 from ._core import Chunk
 from .credit import Credit, subscribe_credit
@@ -509,46 +508,6 @@ class Subscriptions:
         conn.remove_subscription(sub.subscription_id)
         self.client.pool.release(conn)
 
-    def _consumer_update(self, sub: Subscription, corr: int,
-                         active: bool) -> None:
-        """Single active consumer: the broker made this subscription active
-        (answer where to start) or inactive (give back what is queued)."""
-        conn = sub.connection
-        if conn is None:
-            return
-        spec = P.OffsetSpec(P.OFFSET_NEXT)
-        try:
-            with self._cond:
-                # Deactivated: nothing more is handed (what is queued goes,
-                # ``messages()`` takes record by record) and, past the store
-                # below, nothing is stored (close and store_offset skip it).
-                self._drop_queued(sub)
-                sub.active = active
-                completed = sub.completed
-            if active:
-                spec = sub.start
-                try:
-                    stored = self.client.query_offset(sub.stream, self.name or "")
-                    resume = max(stored + 1, sub.position or 0)
-                    spec = P.OffsetSpec(P.OFFSET_OFFSET, resume)
-                except NoOffset:
-                    if sub.position is not None:
-                        spec = P.OffsetSpec(P.OFFSET_OFFSET, sub.position)
-                if spec.type == P.OFFSET_OFFSET:
-                    with self._cond:
-                        sub.position = sub.completed = spec.value
-                    conn.update_subscription(
-                        sub.subscription_id, start_offset=spec.value,
-                        **self._decode_options)
-            elif sub.tracker is not None:
-                # What was processed: the consumer taking over resumes there,
-                # so a record handed and still in the application's hands
-                # is read again rather than lost.
-                sub.tracker.flush(completed)
-            conn.send(P.ConsumerUpdateResponse(corr, P.RESPONSE_OK, spec))
-        except StreamError as exc:
-            log.warning("consumer update of %r failed: %s", sub.stream, exc)
-
     # --- maintenance thread -----------------------------------------------------
 
     def _maintain(self) -> None:
@@ -578,7 +537,7 @@ class Subscriptions:
             elif (self.super_stream is not None
                     and time.monotonic() >= next_refresh):
                 next_refresh = time.monotonic() + self.partition_refresh_seconds
-                self._refresh_partitions()
+                self._refresh_partitions(self.super_stream)
 
     def _recover(self, broken: list[Subscription]) -> float:
         """One attempt at every broken subscription; the wait before the
@@ -606,32 +565,18 @@ class Subscriptions:
                     self._backoff.reset()
                 broken_at, sub.broken_at = sub.broken_at, None
             if broken_at is not None:  # not a new partition
-                self._recovered(sub, spec, time.monotonic() - broken_at)
+                sub.recovered(spec, time.monotonic() - broken_at)
         with self._cond:
             again = bool(self._broken_subs)
         # Broken again already: as after a failed attempt (the producer's
         # recovery does the same), so a flapping stream is not hammered.
         return self._backoff.failed() if again else 0.0
 
-    def _recovered(self, sub: Subscription, spec: P.OffsetSpec,
-                   seconds: float) -> None:
-        where = {P.OFFSET_OFFSET: f"offset {spec.value}",
-                 P.OFFSET_TIMESTAMP: f"timestamp {spec.value} ms",
-                 P.OFFSET_FIRST: "the first offset",
-                 P.OFFSET_LAST: "the last chunk",
-                 P.OFFSET_NEXT: "the next offset"}.get(spec.type, str(spec))
-        who = f"consumer {self.name!r}" if self.name is not None else "consumer"
-        log.warning("%s of stream %r recovered from %s: resubscribed from %s "
-                    "after %.2f s", who, sub.stream,
-                    sub.cause.replace("_", " "), where, seconds)
-        metrics.recovered("consumer", sub.cause, sub.stream, seconds,
-                          self.client.address)
-
-    def _refresh_partitions(self) -> None:
+    def _refresh_partitions(self, super_stream: str) -> None:
         try:
-            streams = self.client.partitions(self.super_stream)  # type: ignore[arg-type]
+            streams = self.client.partitions(super_stream)
         except StreamError as exc:
-            log.info("partitions of %r: %s", self.super_stream, exc)
+            log.info("partitions of %r: %s", super_stream, exc)
             return
         for stream in streams:
             if stream not in self._subs:
