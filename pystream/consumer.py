@@ -79,10 +79,10 @@ class MessageCursor:
                     began = item.sub.position
                     sub = item.sub
                     row = self.take(item, sends)
-            if row is not None:
+            if item is not None and row is not None:
                 for s, n in sends:
                     subs.send_credit(s, n)
-                return self.message(item, row)  # type: ignore[arg-type]
+                return self.message(item, row)
         except BaseException:
             if sub is not None:
                 subs.give_back({sub: began})
