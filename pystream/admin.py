@@ -19,7 +19,6 @@ from . import metrics
 from . import protocol as P
 from .connection import Connection
 from .errors import (
-    RECOVERABLE,
     ProtocolError,
     StreamAlreadyExists,
     StreamDoesNotExist,
@@ -29,6 +28,7 @@ from .errors import (
 )
 from .offsets import Offset, offset_spec
 from .pool import AddressResolver, ConnectionPool, Endpoint
+from .retry import RECOVERABLE
 from .uri import BrokerAddress, parse_uri
 
 if TYPE_CHECKING:

@@ -149,7 +149,7 @@ def test_queued_small_chunks_join_into_one_batch(client, stream):
         publish(client, stream, [amqp_message(b"%d" % i)])
     with client.consumer(stream, offset="first") as consumer:
         deadline = time.monotonic() + 10
-        while len(consumer._queue) < 20 and time.monotonic() < deadline:
+        while consumer._subs.queued() < 20 and time.monotonic() < deadline:
             time.sleep(0.01)  # all queued: the application fell behind
         sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
         assert consumer.position == 20
@@ -177,10 +177,10 @@ def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monke
         with pystream.connect(uri) as fresh, \
                 fresh.consumer(stream, offset="first", body=body) as consumer:
             deadline = time.monotonic() + 10
-            while len(consumer._queue) < 20 and time.monotonic() < deadline:
+            while consumer._subs.queued() < 20 and time.monotonic() < deadline:
                 time.sleep(0.01)
             batches = list(consumer.batches(timeout=1.0))
-            assert consumer._decode_options["body"] == "view"  # no copy before the join
+            assert consumer._subs._decode_options["body"] == "view"  # no copy before the join
         assert [b.num_rows for b in batches] == [60]  # one batch of 20 chunks
         return batches[0]
 
@@ -198,15 +198,16 @@ def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monke
 
 
 def test_large_chunks_stay_one_batch_each(client, stream, monkeypatch):
-    from pystream.consumer import JOIN_ROWS, Consumer
+    from pystream.consumer import JOIN_ROWS
+    from pystream.subscription import Subscriptions
     chunks: list[int] = []
-    arrived = Consumer._chunks_arrived
+    arrived = Subscriptions._chunks_arrived
 
     def counting(self, sub, got):
         chunks.extend(c.num_records for c in got)
         return arrived(self, sub, got)
 
-    monkeypatch.setattr(Consumer, "_chunks_arrived", counting)
+    monkeypatch.setattr(Subscriptions, "_chunks_arrived", counting)
     n = 4 * JOIN_ROWS
     publish(client, stream, [amqp_message(b"x" * 10)] * n, batch=n)
     with client.consumer(stream, offset="first") as consumer:
@@ -581,7 +582,7 @@ def test_the_waiting_thread_reads_and_the_reader_thread_while_it_works(
         assert readers == [threading.current_thread()]
         publish(client, stream, [amqp_message(b"two")])  # not waiting now
         deadline = time.monotonic() + 10
-        while not consumer._queue and time.monotonic() < deadline:
+        while not consumer._subs.queued() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(readers) == 2 and readers[1] is not threading.current_thread()
         assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"two"]
@@ -620,3 +621,23 @@ def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
         publish(client, stream, [amqp_message(b"after")])
         assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
         assert consumer._subs[stream].connection is not conn
+
+
+def test_an_unexpected_error_while_resubscribing_ends_the_consumer(
+        client, stream, monkeypatch):
+    """Recovery hits an error no retry cures and that is no StreamError:
+    the consumer ends with it, as a producer's recovery does, rather than
+    its maintenance thread dying and the application waiting for records
+    that never come."""
+    from pystream.subscription import Subscriptions
+    publish(client, stream, [amqp_message(b"before")])
+    with client.consumer(stream, offset="first") as consumer:
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"before"]
+
+        def broken(self, sub):
+            raise ValueError("not a stream error")
+
+        monkeypatch.setattr(Subscriptions, "_subscribe", broken)
+        consumer._subs[stream].on_metadata_update(0x06)  # resubscribe
+        with pytest.raises(ValueError, match="not a stream error"):
+            consumer.read(1, timeout=10)
