@@ -41,16 +41,16 @@ CHILD = """
 import json, sys, time
 from bench.bench_decode import make_frames
 from pystream._core import crc32_implementation, decode
-size, crc = int(sys.argv[1]), sys.argv[2] == "1"
+size, crc, decodes = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 buf, records = make_frames(size)
 decode(buf, crc=crc, body="view")
 cpu0, t0 = time.process_time(), time.perf_counter()
-for _ in range({decodes}):
+for _ in range(decodes):
     assert decode(buf, crc=crc, body="view").num_rows == records
 t1, cpu1 = time.perf_counter(), time.process_time()
-print(json.dumps({{"messages": records * {decodes}, "seconds": t1 - t0, "cpu": cpu1 - cpu0,
-                  "crc_code": crc32_implementation()}}))
-""".format(decodes=DECODES)
+print(json.dumps({"messages": records * decodes, "seconds": t1 - t0, "cpu": cpu1 - cpu0,
+                  "crc_code": crc32_implementation()}))
+"""
 
 
 def noisal_build() -> Path:
@@ -98,7 +98,8 @@ def main() -> None:
         size, build, crc = case
         env = {**os.environ, "PYTHONPATH": paths[build]}
         load = harness.loadavg()
-        done = subprocess.run([sys.executable, "-P", "-c", CHILD, str(size), str(int(crc))],
+        done = subprocess.run([sys.executable, "-P", "-c", CHILD, str(size), str(int(crc)),
+                               str(DECODES)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             return {"error": done.stderr.strip().splitlines()[-1:]}
