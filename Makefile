@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
+# Every bash script (the ones without a .sh suffix start with a bash shebang).
+SHELL_SCRIPTS := $(shell grep -l -d skip '^\#!/usr/bin/env bash' scripts/* .ci/*) scripts/lib/*.sh
 
 .PHONY: demo test unit lint build deps brokers docs wheel sdist fuzz soak faults partitions bench clean
 
@@ -49,14 +51,15 @@ sdist: deps
 
 # ruff over all the Python code, mypy --strict over the package (settings
 # and each exception in pyproject.toml), cppcheck over the C core (its
-# suppressions, each with its reason, in csrc/cppcheck.supp); make test
-# runs it first.
+# suppressions, each with its reason, in csrc/cppcheck.supp), shellcheck
+# over the bash scripts (settings in .shellcheckrc); make test runs it first.
 lint: deps
 	$(PY) -m ruff check pystream tests bench docs scripts/*.py fuzz/*.py
 	$(PY) -m mypy
 	cppcheck --enable=warning,style,performance,portability --std=c11 -q \
 		--error-exitcode=1 --inline-suppr --suppressions-list=csrc/cppcheck.supp \
 		-I csrc csrc
+	shellcheck $(SHELL_SCRIPTS)
 
 # The quick tests that need no broker (slow ones build wheels and venvs).
 unit: build

@@ -73,6 +73,7 @@ import pyarrow.compute as pc
 import pystream
 from pystream import aio
 
+from . import brokers
 from .conftest import MODERN_URI, ROOT, run_broker
 from .soak import Checker, as_binary, bodies, bodies_of, rows_of
 
@@ -103,7 +104,7 @@ USER = "pystream-faults"
 PASSWORD = "pystream-faults-not-a-secret"
 
 _modern = urlsplit(MODERN_URI)
-HOST = f"{_modern.hostname}:{_modern.port or 5552}"
+HOST = f"{_modern.hostname}:{_modern.port or brokers.MODERN.stream}"
 URI = f"rabbitmq-stream://{USER}:{PASSWORD}@{HOST}/"
 URI_NO_PASSWORD = f"rabbitmq-stream://{USER}@{HOST}/"
 

@@ -13,7 +13,7 @@ import pytest
 import pystream
 from pystream import protocol as P
 from pystream.features import FIRST_RELEASE
-from pystream.uri import parse_uri
+from pystream.uri import DEFAULT_PORT, parse_uri
 
 from .conftest import BROKERS, MODERN_URI, broker_ctl, broker_user, run_broker
 
@@ -308,7 +308,7 @@ def test_requests_from_many_threads(client):
 
 @pytest.mark.broker
 def test_uri_defaults_reach_the_modern_broker():
-    if MODERN_URI != "rabbitmq-stream://guest:guest@localhost:5552/":
+    if MODERN_URI != f"rabbitmq-stream://guest:guest@localhost:{DEFAULT_PORT}/":
         pytest.skip("modern broker is not on the default address")
     with pystream.connect() as c:
         assert c.server_properties["product"] == "RabbitMQ"

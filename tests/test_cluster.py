@@ -36,12 +36,13 @@ import pytest
 import pystream
 from pystream.pool import Endpoint
 
+from . import brokers
 from .conftest import BROKER_SCRIPT, run_broker
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-CLUSTER_URI = "rabbitmq-stream://guest:guest@localhost:5571/"
-NODE_OF_PORT = {5571: "cluster1", 5572: "cluster2", 5573: "cluster3"}
+CLUSTER_URI = brokers.CLUSTER[0].uri()
+NODE_OF_PORT = {node.stream: node.name for node in brokers.CLUSTER}
 RATE = 3_000          # messages per second
 BATCH = 100           # messages per send_batch
 BEFORE_FAULT = 4.0    # seconds of traffic before the leader's node stops

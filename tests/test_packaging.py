@@ -30,6 +30,7 @@ from packaging.specifiers import SpecifierSet
 
 import pystream
 
+from . import brokers
 from .conftest import ROOT
 from .golden import GOLDEN, require
 
@@ -434,7 +435,7 @@ def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
     assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
     out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
     assert "decodes golden frames" in out
-    uri = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+    uri = brokers.MODERN.uri(host=brokers.MODERN.host)
     out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/round_trip.py",
                    uri, modern_stream)
     assert f"round trip 5000 ({version.replace('.', ', ')})" in out, out

@@ -20,6 +20,7 @@ import pystream
 from pystream import Filter, PublishError, UnsupportedFeature
 from pystream.confirms import _Batch
 
+from . import brokers
 from .conftest import ROOT
 
 COLUMNS = ["properties", "application_properties", "message_annotations"]
@@ -132,7 +133,7 @@ def test_gzip_is_readable_by_rstream(modern, stream_name):
                 if len(got) == len(bodies):
                     done.set()
 
-            async with Consumer("localhost", 5552, username="guest",
+            async with Consumer(brokers.MODERN.advertised, brokers.MODERN.stream, username="guest",
                                 password="guest") as consumer:
                 await consumer.subscribe(
                     stream_name, on_message, decoder=amqp_decoder,

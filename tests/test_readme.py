@@ -22,9 +22,10 @@ import pytest
 
 import pystream
 
+from . import brokers
 from .conftest import MODERN_URI, ROOT
 
-DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+DEFAULT_URI = brokers.MODERN.uri()
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 FENCE = re.compile(r"^```(?P<info>[^`\n]*)\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
 OUTPUT = 'text title="Output"'

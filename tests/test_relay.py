@@ -16,6 +16,7 @@ import pytest
 
 import pystream
 
+from . import brokers
 from .conftest import MODERN_URI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -23,7 +24,7 @@ from relay.delay import DelayRelay
 
 pytestmark = pytest.mark.broker
 
-BROKER = ("localhost", 5552)
+BROKER = (brokers.MODERN.advertised, brokers.MODERN.stream)
 PEER_PROPERTIES = 0x0011
 
 

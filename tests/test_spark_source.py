@@ -29,6 +29,7 @@ from pystream.spark import (
     stream_bounds,
 )
 
+from . import brokers
 from .conftest import EXTERNAL_URI, MODERN_URI, local_spark
 from .holding import HoldingProxy
 
@@ -118,7 +119,7 @@ def test_header_and_footer_columns(spark, stream_name):
     from proton import Message, symbol
 
     from . import amqp_oracle as O
-    from .test_amqp_conformance import AMQP_PORTS, publish_amqp10
+    from .test_amqp_conformance import publish_amqp10
 
     footer = O.section(O.FOOTER, {symbol("x-sum"): "abc", symbol("x-n"): 7})
     sent = [Message(durable=True, priority=7, ttl=5000, first_acquirer=True,
@@ -128,7 +129,7 @@ def test_header_and_footer_columns(spark, stream_name):
     with pystream.connect(MODERN_URI) as client:
         client.create_stream(stream_name)
         try:
-            publish_amqp10(AMQP_PORTS[5552], stream_name, sent)
+            publish_amqp10(brokers.MODERN.amqp, stream_name, sent)
             with client.consumer(stream_name, offset="first", amqp=False) as consumer:
                 raw = consumer.read(3, timeout=30).column("body").cast(pa.binary()).to_pylist()
             df = source(spark, stream=stream_name, columns="footer,header")
