@@ -48,6 +48,14 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 BROKER_PORTS = brokers.LOOPBACK_PORTS
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that runs Spark (the ``spark`` fixture) carries the
+    ``spark`` mark, which ``make check`` leaves out."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(autouse=True)
 def _unmarked_tests_dial_no_broker(request, monkeypatch):
     """A test that needs a broker carries the ``broker`` mark itself

@@ -314,6 +314,7 @@ def test_uri_defaults_reach_the_modern_broker():
         assert c.server_properties["product"] == "RabbitMQ"
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_silent_broker_is_detected(broker):
     """A broker that stops answering (SIGSTOP) is declared lost after two

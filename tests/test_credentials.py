@@ -206,6 +206,7 @@ def test_a_named_password_variable_missing_is_an_error(monkeypatch):
     assert named.address().password == "from-the-environment"
 
 
+@pytest.mark.spark
 def test_a_spark_executor_without_the_password_variable_fails(
         modern, stream_name, monkeypatch):
     """The variable is set in this process only after the local Spark JVM

@@ -204,6 +204,7 @@ CRASHING_PUBLISHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
     proc = subprocess.Popen([sys.executable, "-c", CRASHING_PUBLISHER, uri,
@@ -222,6 +223,7 @@ def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
     assert table.column("body").to_pylist() == bodies
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_super_stream_routes_by_murmur3(modern, stream_name):
     modern.create_super_stream(stream_name, partitions=3)
@@ -259,6 +261,7 @@ def test_refused_ids_fail_their_futures():
         batch.message_futures[1].result()
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_producer_resends_after_the_broker_closes_connections(modern, stream_name):
     """A named producer keeps publishing while the broker drops its

@@ -121,7 +121,9 @@ def fresh_streams(code: str) -> None:
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("example", PYTHON, ids=lambda e: e.id)
+@pytest.mark.parametrize("example", [  # the Spark pages' examples start Spark
+    pytest.param(e, id=e.id, marks=[pytest.mark.spark] if "pyspark" in e.code else [])
+    for e in PYTHON])
 def test_python_example(example, monkeypatch):
     monkeypatch.chdir(ROOT)  # examples read the repository's test data
     code = example.code.replace(DEFAULT_URI, MODERN_URI)

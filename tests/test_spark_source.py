@@ -409,6 +409,8 @@ QUERY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_killed_query_restarts_from_its_checkpoint_exactly_once(
         spark, modern, modern_stream, tmp_path):
     for lo in range(0, 100_000, 10_000):
@@ -469,6 +471,7 @@ def test_recreated_stream_is_not_skipped(modern, modern_stream, caplog,
     assert bodies == list(range(100))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("read_timeout", [None, "1.5"])
 def test_planning_waits_for_the_broker_or_raises(modern, modern_stream, read_timeout):
     """The source plans a batch from the broker's answers: a broker paused
