@@ -76,6 +76,7 @@ from pystream import aio
 from . import brokers
 from .conftest import MODERN_URI, ROOT, run_broker
 from .soak import Checker, as_binary, bodies, bodies_of, rows_of
+from .waiting import wait_until
 
 N = 20_000            # records per cell
 BATCH = 250           # records per published batch
@@ -871,11 +872,12 @@ def pairs(path: Path) -> np.ndarray:
 
 
 def wait_for(what: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
+    """Up to ``timeout`` seconds for ``what``; the cell goes on either way,
+    and its checks of what was read and written tell whether it failed."""
+    try:
+        wait_until(what, timeout, step)
+    except AssertionError:
+        return False
     return True
 
 

@@ -16,6 +16,7 @@ from pystream.features import FIRST_RELEASE
 from pystream.uri import DEFAULT_PORT, parse_uri
 
 from .conftest import BROKERS, MODERN_URI, broker_ctl, broker_user, run_broker
+from .waiting import wait_until
 
 EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10.", "latest": "4.3."}
 
@@ -116,14 +117,9 @@ def test_offsets(client, stream):
     with pytest.raises(pystream.NoOffset):
         client.query_offset(stream, "reader")
     client.store_offset(stream, "reader", 0)
-    deadline = time.monotonic() + 5
-    while True:  # StoreOffset is not answered: poll until it shows
-        try:
-            assert client.query_offset(stream, "reader") == 0
-            break
-        except pystream.NoOffset:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    # StoreOffset is not answered: poll until it shows.
+    wait_until(lambda: client.query_offset(stream, "reader") == 0, 5,
+               ignore=(pystream.NoOffset,))
 
 
 @pytest.mark.broker

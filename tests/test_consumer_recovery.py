@@ -45,6 +45,7 @@ from pystream.ranges import stream_bounds
 from .conftest import MODERN_URI, broker_ctl, run_broker
 from .leftovers import MEMORY_STREAM, RECOVERY_STREAM, RSS_STREAM
 from .publishers import fill
+from .waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -328,11 +329,8 @@ def consumer_model(client: pystream.Client, stream: str,
         def open(self) -> None:
             """A consumer of that name, once the broker holds what the
             model says was stored (StoreOffset has no answer)."""
-            deadline = time.monotonic() + 5
-            while self.stored is not None and self.query() != self.stored:
-                assert time.monotonic() < deadline, (
-                    f"stored {self.query()}, the model says {self.stored}")
-                time.sleep(0.02)
+            wait_until(lambda: self.stored is None or self.query() == self.stored, 5, 0.02,
+                       what=f"the stored offset the model says ({self.stored})")
             self.consumer = client.consumer(stream, offset="first", **self.options)
             assert self.consumer.position == (
                 None if self.stored is None else self.stored + 1)

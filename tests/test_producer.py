@@ -22,6 +22,7 @@ from pystream.confirms import _Batch
 
 from . import brokers
 from .conftest import ROOT
+from .waiting import wait_until
 
 COLUMNS = ["properties", "application_properties", "message_annotations"]
 
@@ -307,9 +308,7 @@ def test_recovery_sends_again_only_frames_not_confirmed(modern, stream_name, mon
             (batch,) = p._confirms.pending
             first = int.from_bytes(memoryview(batch.frames)[9:13], "big")
             assert 0 < first < len(bodies)
-            deadline = time.monotonic() + 30
-            while batch.settled.sum() < first and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: batch.settled.sum() >= first, 30, 0.01)
             assert batch.settled[:first].all() and not batch.settled[first:].any()
             monkeypatch.undo()
             p.on_metadata_update(0x06)  # recovers as after a lost connection
@@ -372,9 +371,7 @@ def test_a_loss_while_recovering_makes_the_recovery_go_round_again(
 
             monkeypatch.setattr(p, "_connect", connect_then_lose_it)
             p.on_metadata_update(0x06)  # as the broker's MetadataUpdate does
-            deadline = time.monotonic() + 30
-            while (p._recovering or len(declared) < 2) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: not p._recovering and len(declared) >= 2, 30)
             assert len(declared) == 2 and not p._recovering
             assert p.send_batch([b"b"]).result(10) == 2
         table = read_all(modern, stream_name, 2)

@@ -36,6 +36,7 @@ from .conftest import (
 )
 from .holding import HoldingProxy
 from .publishers import amqp_message, publish
+from .waiting import wait_until
 
 N = 10_000
 
@@ -437,10 +438,7 @@ def test_range_of_offset_tracking_chunks_only_ends(latest_uri, latest, stream_na
     latest.create_stream(stream_name)
     try:
         latest.store_offset(stream_name, "reader", 0)
-        deadline = time.monotonic() + 10
-        while latest.stream_stats(stream_name)["committed_chunk_id"] < 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: latest.stream_stats(stream_name)["committed_chunk_id"] >= 0, 10)
         planned = plan_ranges(latest_uri, [stream_name])
         assert planned == [OffsetRange(stream_name, 0, 1)]
         assert [b.num_rows for b in read_range(latest_uri, stream_name, 0, 1,

@@ -32,6 +32,7 @@ from pystream.spark import (
 from . import brokers
 from .conftest import EXTERNAL_URI, MODERN_URI, local_spark
 from .holding import HoldingProxy
+from .waiting import wait_until
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -423,11 +424,11 @@ def test_killed_query_restarts_from_its_checkpoint_exactly_once(
     child = subprocess.Popen([*args, "trigger"], stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while not (checkpoint / "commits" / "1").exists():
+        def second_batch() -> bool:
             assert child.poll() is None, (tmp_path / "query.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no second micro-batch in 180 s"
-            time.sleep(0.1)
+            return (checkpoint / "commits" / "1").exists()
+
+        wait_until(second_batch, 180, 0.1, what="a second micro-batch")
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the JVM too, mid-way if it can
         child.wait()
