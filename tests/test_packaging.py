@@ -31,6 +31,7 @@ from packaging.specifiers import SpecifierSet
 import pystream
 from tools.sources import source_tree
 
+from . import brokers
 from .conftest import ROOT
 from .golden import GOLDEN, require
 
@@ -490,7 +491,7 @@ def test_abi3_wheel_in_another_python(dist, tmp_path, modern_stream, version):
                    "-m 'not broker and not slow' " + " ".join(ENGINE_TESTS), timeout=1200)
     summary = out.strip().splitlines()[-1]
     assert re.fullmatch(r"\d+ passed(, \d+ warnings?)? in .*", summary), out[-3000:]
-    uri = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+    uri = brokers.MODERN.uri(host=brokers.MODERN.host)
     out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/round_trip.py",
                    uri, modern_stream)
     assert f"round trip 5000 ({version.replace('.', ', ')})" in out, out

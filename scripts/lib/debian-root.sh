@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts that build in, or test in, debootstrapped Debian roots
 # (scripts/build-wheel, scripts/test-root). Needs root: debootstrap, chroot
 # and mounts. Expects scripts/lib/debian-mirror.sh sourced beforehand.
@@ -44,6 +45,7 @@ in_debian_root() {
     local dir=$1 work=$2
     shift 2
     mkdir -p "$dir/work"
+    # shellcheck disable=SC2016  # expanded by the inner sh
     unshare --mount --propagation private -- sh -ec '
         root=$1 work=$2
         shift 2
