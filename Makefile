@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
+# Every bash script (the ones without a .sh suffix start with a bash shebang).
+SHELL_SCRIPTS := $(shell grep -l -d skip '^\#!/usr/bin/env bash' scripts/* .ci/*) scripts/lib/*.sh
 
-.PHONY: demo test unit lint build deps brokers docs wheel sdist fuzz soak faults partitions platforms bench clean
+.PHONY: demo test check unit lint build deps brokers docs wheel sdist fuzz soak faults partitions platforms bench clean
 
 deps:
 	scripts/install-deps
@@ -30,6 +32,12 @@ test: lint build brokers docs
 	scripts/fuzz $(FUZZ_SECONDS)
 	scripts/fuzz-dispatch 30
 
+# What a developer runs before each commit (under 10 minutes on 2 cores):
+# the unit tests and the broker tests but those marked slow or spark
+# (pyproject.toml says what they mark); make test runs everything.
+check: lint build brokers
+	$(PY) -m pytest tests -m "not slow and not spark" --durations=25
+
 # The documentation site (docs/, mkdocs.yml) into site/. --strict: a broken
 # link or anchor, an API entry that does not resolve, or a public name
 # without a docstring or missing from the reference (docs/hooks.py) fails
@@ -50,14 +58,15 @@ sdist: deps
 
 # ruff over all the Python code, mypy --strict over the package (settings
 # and each exception in pyproject.toml), cppcheck over the C core (its
-# suppressions, each with its reason, in csrc/cppcheck.supp); make test
-# runs it first.
+# suppressions, each with its reason, in csrc/cppcheck.supp), shellcheck
+# over the bash scripts (settings in .shellcheckrc); make test runs it first.
 lint: deps
 	$(PY) -m ruff check pystream tests bench tools docs scripts/*.py fuzz/*.py
 	$(PY) -m mypy
 	cppcheck --enable=warning,style,performance,portability --std=c11 -q \
 		--error-exitcode=1 --inline-suppr --suppressions-list=csrc/cppcheck.supp \
 		-I csrc csrc
+	shellcheck $(SHELL_SCRIPTS)
 
 # The quick tests that need no broker (slow ones build wheels and venvs).
 unit: build

@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.report_crc import crc_block
 from bench.report_distance import distance_block
 from bench.report_format import (
     count,
@@ -576,7 +577,7 @@ BLOCKS = {"how-fast": how_fast, "targets": targets_block, "consume": consume_blo
           "publish": publish_block, "latency": latency_block,
           "decode": decode_block, "spark": spark_block, "spark-io": spark_io_block,
           "otel": otel_block, "distance": distance_block,
-          "partitions": partitions_block, "faults": faults_block}
+          "partitions": partitions_block, "faults": faults_block, "crc": crc_block}
 
 
 def pages() -> list[Path]:

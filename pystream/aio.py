@@ -22,7 +22,7 @@ import pyarrow as pa
 from .client import Client
 from .consumer import Consumer, MessageCursor
 from .records import Message
-from .subscription import Subscription
+from .stream_subscription import Subscription
 
 _T = TypeVar("_T")
 

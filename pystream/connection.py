@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import metrics
 from . import protocol as P
@@ -39,7 +39,7 @@ from .errors import (
 from .features import Features
 from .handshake import handshake
 from .readturn import ReadTurn
-from .routing import FrameRoutes, PublisherSink, SubscriptionSink
+from .routing import FrameHandler, FrameRoutes, PublisherSink, SubscriptionSink
 from .tls import certificate_error
 from .uri import BrokerAddress
 
@@ -58,7 +58,7 @@ _Answer = TypeVar("_Answer", bound=P.Command)
 READ_SLICE = 1 << 20
 
 
-class Connection(FrameRoutes):
+class Connection:
     def __init__(self, address: BrokerAddress, *,
                  ssl_context: ssl.SSLContext | None = None,
                  frame_max: int = 1 << 20,
@@ -72,7 +72,6 @@ class Connection(FrameRoutes):
             raise ValueError("frame_max and heartbeat must be >= 0")
         if not 0 < max_deliver_size < 1 << 32:
             raise ValueError("max_deliver_size must be in [1, 2**32)")
-        super().__init__()
         self.address = address
         self.requested_frame_max = frame_max
         self.requested_heartbeat = heartbeat
@@ -99,7 +98,7 @@ class Connection(FrameRoutes):
         self._reader = StreamDecoder(self._frame_limit(frame_max))
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
-        self._admit_chunks(self._reader)
+        self._routes = FrameRoutes(self._reader)
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending: dict[int, Future[P.Command]] = {}
@@ -400,18 +399,49 @@ class Connection(FrameRoutes):
                 f"{self.address.uri()} answered with TLS: use a "
                 f"rabbitmq-stream+tls:// URI")
 
+    # --- subscriptions, publishers and frame handlers (``FrameRoutes``) ---------
+
+    def on_frame(self, key: int, handler: FrameHandler) -> None:
+        """Route every frame with this key to ``handler`` (in the reader
+        thread; it must not block)."""
+        self._routes.on_frame(key, handler)
+
+    def add_subscription(self, sink: SubscriptionSink,
+                         **decode_options: Any) -> int:
+        """Give ``sink`` a free subscription id and decode its chunks with
+        ``decode_options`` (those of ``_core.decode``); the caller then sends
+        Subscribe with that id."""
+        self._check_open()
+        return self._routes.add_subscription(sink, **decode_options)
+
+    def update_subscription(self, subscription_id: int,
+                            **decode_options: Any) -> None:
+        """Decode this subscription's next chunks with new options (a new
+        ``start_offset`` after a single-active-consumer switch)."""
+        self._routes.update_subscription(subscription_id, **decode_options)
+
+    def remove_subscription(self, subscription_id: int) -> None:
+        self._routes.remove_subscription(subscription_id)
+
+    @property
+    def subscription_count(self) -> int:
+        return self._routes.subscription_count
+
+    def add_publisher(self, sink: PublisherSink) -> int:
+        """Give ``sink`` a free publisher id; the caller then declares it."""
+        self._check_open()
+        return self._routes.add_publisher(sink)
+
+    def remove_publisher(self, publisher_id: int) -> None:
+        self._routes.remove_publisher(publisher_id)
+
+    def _drain(self, reader: StreamDecoder) -> None:
+        """Hand every complete frame in ``reader``'s buffer to its owner."""
+        self._routes.drain(reader, self._dispatch)
+
     def _dispatch(self, frame: memoryview) -> None:
-        key = P.frame_key(frame)
-        handler = self._handlers.get(key)
-        if handler is not None:
-            handler(frame)
+        if self._routes.route(P.frame_key(frame), frame):
             return
-        if key == P.PublishConfirm.KEY and len(frame) > P.CONFIRM_PUBLISHER_ID_AT:
-            # Confirms are parsed by the producer (vectorised), not here.
-            publisher = self._publishers.get(frame[P.CONFIRM_PUBLISHER_ID_AT])
-            if publisher is not None:
-                publisher.on_confirm(frame)
-                return
         cmd = P.decode(frame)
         if isinstance(cmd, (P.Response, P.MetadataResponse)):
             with self._state_lock:
@@ -424,7 +454,7 @@ class Connection(FrameRoutes):
             if not self._tune.done():
                 self._tune.set_result(cmd)
         elif isinstance(cmd, P.ConsumerUpdate):
-            sink = self._sinks.get(cmd.subscription_id)
+            sink = self._routes.subscription(cmd.subscription_id)
             if sink is None:
                 self.send(P.ConsumerUpdateResponse(
                     cmd.correlation_id, P.RESPONSE_SUBSCRIPTION_ID_DOES_NOT_EXIST,
@@ -432,15 +462,11 @@ class Connection(FrameRoutes):
             else:
                 sink.on_consumer_update(cmd.correlation_id, bool(cmd.active))
         elif isinstance(cmd, P.PublishError):
-            publisher = self._publishers.get(cmd.publisher_id)
+            publisher = self._routes.publisher(cmd.publisher_id)
             if publisher is not None:
                 publisher.on_publish_error(cmd.errors)
         elif isinstance(cmd, P.MetadataUpdate):
-            listeners: list[SubscriptionSink | PublisherSink] = [
-                *self._sinks.values(), *self._publishers.values()]
-            for listener in listeners:
-                if listener.stream == cmd.stream:
-                    listener.on_metadata_update(cmd.code)
+            self._routes.metadata_update(cmd.stream, cmd.code)
         elif isinstance(cmd, P.Heartbeat):
             self.heartbeats_received += 1
         elif isinstance(cmd, P.Close):
@@ -486,10 +512,7 @@ class Connection(FrameRoutes):
             self._tune.set_exception(failure)
         for listener in self._close_listeners:
             listener(error)
-        for sink in list(self._sinks.values()):
-            sink.on_connection_closed(error)
-        for publisher in list(self._publishers.values()):
-            publisher.on_connection_closed(error)
+        self._routes.end(error)
 
     def _shutdown_socket(self) -> None:
         """End both directions, which wakes the reader and any blocked

@@ -11,7 +11,6 @@ the stored offset as it goes.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,7 +23,8 @@ from .credit import Credit
 from .errors import StreamError
 from .offsets import Offset, offset_spec
 from .records import Filter, Message
-from .subscription import Queued, Subscription, Subscriptions
+from .stream_subscription import Queued, Subscription
+from .subscription import Subscriptions
 
 if TYPE_CHECKING:
     from .admin import Admin
@@ -61,31 +61,31 @@ class MessageCursor:
         without one or once closed. The application is back for more: the
         record before is processed."""
         consumer = self.consumer
+        subs = consumer._subs
         sends: list[tuple[Subscription, int]] = []
         sub = row = None
         try:  # Consumer._handed_next, shortened to the lock's hold
-            with consumer._lock:
+            with subs.hold():
                 last = self.sub
                 if last is not None:
                     last.completed = last.position
                     self.sub = None
                 item = self.item
-                queue = consumer._queue
                 # More of its chunk, still at the head of the queue (it
                 # leaves once deactivated, rewound or closed).
-                if (item is not None and queue and queue[0] is item
-                        and not consumer._unreturned
+                if (item is not None and subs.first() is item
+                        and not subs.unreturned()
                         and item.handed < len(self.offsets)):
-                    began = item.sub.position  # type: ignore[union-attr]
+                    began = item.sub.position
                     sub = item.sub
                     row = self.take(item, sends)
-            if row is not None:
+            if item is not None and row is not None:
                 for s, n in sends:
-                    consumer._send_credit(s, n)
-                return self.message(item, row)  # type: ignore[arg-type]
+                    subs.send_credit(s, n)
+                return self.message(item, row)
         except BaseException:
             if sub is not None:
-                consumer._give_back({sub: began})
+                subs.give_back({sub: began})
             raise
         return consumer._handed_next(timeout, self.take, self.message)
 
@@ -98,7 +98,6 @@ class MessageCursor:
             self.item = item
             self.offsets = item.batch.column(0).to_numpy().tolist()  # type: ignore[union-attr]
         sub = item.sub
-        assert sub is not None
         row = item.handed
         total = len(self.offsets)
         if row < total:
@@ -120,7 +119,7 @@ class MessageCursor:
         return Message(self.copied, row - self.base)  # type: ignore[arg-type]
 
 
-class Consumer(Subscriptions):
+class Consumer:
     """Reads one stream, or every partition of a super stream.
 
     Iterate it for ``pyarrow.RecordBatch`` es (one per chunk, small chunks
@@ -202,7 +201,11 @@ class Consumer(Subscriptions):
         # sees the type asked for, so its chunks decode to binary.
         self._copy_bodies = body == "binary" and (
             filter is None or filter.post_filter is None)
-        super().__init__(
+        self.client = client
+        self.name = name
+        self.filter = filter
+        self.super_stream = super_stream
+        self._subs = Subscriptions(
             client, name=name, single_active=single_active,
             super_stream=super_stream, filter=filter,
             credit=credit or Credit.adaptive(),
@@ -219,12 +222,10 @@ class Consumer(Subscriptions):
         self.max_batch_rows = max_batch_rows
         self.max_batch_bytes = max_batch_bytes
         self.read_while_waiting = read_while_waiting
-        # The connection each iterating thread last read itself.
-        self._read_on = threading.local()
         self.schema = schema(columns=columns, body=body,  # type: ignore[arg-type]
                              error_policy=error_policy)  # type: ignore[arg-type]
         try:
-            self._start_subscriptions(
+            self._subs.start(
                 [stream] if stream is not None
                 else client.partitions(super_stream))  # type: ignore[arg-type]
         except BaseException:
@@ -232,8 +233,13 @@ class Consumer(Subscriptions):
             raise
 
     def __repr__(self) -> str:
-        what = self.super_stream or next(iter(self._subs), "")
+        what = self.super_stream or next(iter(self.positions), "")
         return f"<pystream.Consumer {what!r} position={self.positions}>"
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (or the consumer ended)."""
+        return self._subs.closed
 
     def __enter__(self) -> Consumer:
         return self
@@ -311,7 +317,7 @@ class Consumer(Subscriptions):
     def positions(self) -> dict[str, int | None]:
         """The next offset of each stream read (each partition of a super
         stream), ``None`` before its first chunk."""
-        return {s: sub.position for s, sub in self._subs.items()}
+        return {sub.stream: sub.position for sub in self._subs.values()}
 
     @property
     def committed_chunk_id(self) -> int | None:
@@ -347,18 +353,17 @@ class Consumer(Subscriptions):
 
     def grant_credit(self, chunks: int) -> None:
         """Let the broker send ``chunks`` more chunks (``Credit.manual``)."""
-        sends = []
-        with self._cond:
-            for sub in self._subs.values():
-                sends.append((sub, sub.credit.manual(chunks)))
-        for sub, n in sends:
-            self._send_credit(sub, n)
+        self._subs.grant(chunks)
 
     def add_waker(self, waker: Callable[[], None]) -> None:
         """Call ``waker()`` (from another thread) whenever data or an error
         is queued; the asyncio face uses it."""
-        with self._cond:
-            self._wakers.append(waker)
+        self._subs.add_waker(waker)
+
+    def _send_credit_in_background(self) -> None:
+        """From now on send credit from a thread of this consumer's (the
+        asyncio face; see ``Subscriptions.send_credit_in_background``)."""
+        self._subs.send_credit_in_background()
 
     def close(self) -> None:
         """Store the offset of the last record handed (named consumers),
@@ -368,47 +373,15 @@ class Consumer(Subscriptions):
     def _close(self, *, handed: bool) -> None:
         """``close``; storing, with ``handed`` False, only what was
         processed (``Subscription.completed``)."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            for sub, position in self._unreturned.items():  # for the store
-                sub.rewound(position)
-            subs = list(self._subs.values())
-            # A subscription single active elsewhere stores nothing: the
-            # active consumer's progress is not this one's to overwrite.
-            stores = [(sub, sub.position if handed else sub.completed)
-                      for sub in subs if sub.tracker is not None and sub.active]
-            for sub in subs:
-                sub.live = False
-            self._queue.clear()
-            self._notify()
-            self._interrupt_reads()
-        self._maintenance.set()
-        for sub, position in stores:
-            try:
-                sub.tracker.flush(position)  # type: ignore[union-attr]
-            except StreamError as exc:
-                log.warning("could not store the offset of %r: %s",
-                            self.name, exc)
-        for sub in subs:
-            self._unsubscribe(sub)
+        self._subs.close(handed=handed)
 
     # --- taking from the queue ------------------------------------------------
 
     def _completed(self) -> None:
-        """The application is back for more: the records handed so far were
-        processed (what a named consumer leaving with an exception stores)."""
-        with self._cond:
-            for sub in self._subs.values():
-                sub.completed = sub.position
+        self._subs.completed()
 
     def _give_back(self, taken: dict[Subscription, int | None]) -> None:
-        """Rewind to where ``taken`` says the rows an exception kept from
-        the application began (at once, or on the next call if interrupted
-        here)."""
-        self._unreturned = taken | self._unreturned
-        self._take_back()
+        self._subs.give_back(taken)
 
     def _next_batch(self, timeout: float | None, max_rows: int | None = None,
                     taken: dict[Subscription, int | None] | None = None,
@@ -427,7 +400,7 @@ class Consumer(Subscriptions):
                 batch = binary_bodies(batch)
             if self.super_stream is not None:
                 batch = batch.replace_schema_metadata(
-                    {b"stream": item.sub.stream.encode()})  # type: ignore[union-attr]
+                    {b"stream": item.sub.stream.encode()})
             return batch
 
         return self._handed_next(timeout, take, finish, taken)
@@ -442,8 +415,9 @@ class Consumer(Subscriptions):
         ``finish`` (outside it); None after ``timeout`` seconds or once
         closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        subs = self._subs
         try:
-            self._take_back()
+            subs.take_back()
             while True:
                 sends: list[tuple[Subscription, int]] = []
                 began: dict[Subscription, int | None] = {}
@@ -452,15 +426,14 @@ class Consumer(Subscriptions):
                 # recorded first with no call in between (an interrupt
                 # lands at calls), rewound at once or on the next call.
                 try:
-                    with self._cond:
-                        item = self._head(deadline)
+                    with subs.hold():
+                        item = subs.head(deadline, self.read_while_waiting)
                         if item is None:
                             return None
-                        assert item.sub is not None
                         began[item.sub] = self._next_offset(item)
                         got = take(item, sends)
                     for sub, n in sends:
-                        self._send_credit(sub, n)
+                        subs.send_credit(sub, n)
                     if got is not None:
                         result = finish(item, got)
                         if taken is not None:
@@ -468,10 +441,10 @@ class Consumer(Subscriptions):
                                 taken.setdefault(sub, offset)
                         return result
                 except BaseException:
-                    self._give_back(began)
+                    subs.give_back(began)
                     raise
         finally:
-            self._end_read()
+            subs.end_read()
 
     @staticmethod
     def _next_offset(item: Queued) -> int | None:
@@ -479,69 +452,12 @@ class Consumer(Subscriptions):
         its subscription's position, or (nothing handed yet) the chunk's
         first."""
         sub, chunk = item.sub, item.chunk
-        assert sub is not None and chunk is not None
         return sub.position if sub.position is not None else chunk.first_offset
-
-    def _head(self, deadline: float | None) -> Queued | None:
-        """The queue's first chunk, waiting for one until ``deadline``; None
-        at the deadline or once closed. Raises the error that ended the
-        consumer. Called under the lock."""
-        while not self._queue:
-            if self._closed:
-                return None
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            if not self._read_while_waiting(left):
-                self._cond.wait(left)
-        self._inflate(self._queue[0])  # may end the consumer there instead
-        item = self._queue[0]
-        if item.sub is None:  # the end marker
-            self._closed = True
-            self._queue.clear()
-            if item.error is not None:
-                raise item.error
-            return None
-        return item
-
-    def _read_while_waiting(self, timeout: float | None) -> bool:
-        """Wait for the queue by reading the socket in this thread, when the
-        consumer reads one stream on a connection of its own: the next batch
-        is then in hand when its ``recv`` returns, with no wake-up of this
-        thread in between (see ``readturn``). False to wait on the lock as
-        usual: on a shared connection, another consumer's thread would wait
-        for the turn while its chunks come in. Called under the lock, which
-        whoever reads needs: let go of it meanwhile."""
-        if not self.read_while_waiting or len(self._subs) != 1:
-            return False
-        sub = next(iter(self._subs.values()))
-        conn = sub.connection
-        if conn is None or not sub.live or conn.subscription_count != 1:
-            return False
-        if getattr(self._read_on, "conn", conn) is not conn:
-            self._end_read()  # the subscription moved since
-        self._cond.release()
-        try:
-            self._read_on.conn = conn  # its turn may stay with this thread
-            return conn.read_until(
-                lambda: bool(self._queue) or self._closed
-                or not sub.live or sub.connection is not conn, timeout)
-        finally:
-            self._cond.acquire()
-
-    def _end_read(self) -> None:
-        """Let the reader threads read again once the data this thread read
-        for itself (``_read_while_waiting``) was handed over, unless this
-        thread comes back for more within moments (``Connection.end_read``)."""
-        conn = getattr(self._read_on, "conn", None)
-        if conn is not None:
-            conn.end_read()  # first: interrupted between, it lends again
-            self._read_on.conn = None
 
     def _filter(self, item: Queued) -> None:
         if not item.filtered:
             if self.filter is not None and self.filter.post_filter is not None:
-                assert item.sub is not None and item.batch is not None  # not the end marker
+                assert item.batch is not None  # decoded by Subscriptions.head
                 rows = item.batch.num_rows
                 item.batch = self.filter.apply(item.batch)
                 item.sub.stats.filtered += rows - item.batch.num_rows
@@ -562,25 +478,25 @@ class Consumer(Subscriptions):
         first = self._hand(item, sends, max_rows)
         parts = [first] if first is not None and first.num_rows else []
         rows = parts[0].num_rows if parts else 0
-        size = item.chunk.size  # type: ignore[union-attr]
+        size = item.chunk.size
         limit_rows = min(x for x in (max_rows, self.max_batch_rows, 1 << 62)
                          if x is not None)
         limited = self.max_batch_rows is not None or self.max_batch_bytes is not None
-        while self._queue and rows < limit_rows:
-            nxt = self._queue[0]
-            if nxt.sub is not item.sub or nxt.batch is None:
+        while rows < limit_rows:
+            nxt = self._subs.first()
+            if nxt is None or nxt.sub is not item.sub or nxt.batch is None:
                 break  # another stream, the end, or not decoded yet
             take: int | None = limit_rows - rows
             if limited:
                 if (self.max_batch_bytes is not None and parts
-                        and size + nxt.chunk.size > self.max_batch_bytes):  # type: ignore[union-attr]
+                        and size + nxt.chunk.size > self.max_batch_bytes):
                     break
             else:
                 take = None  # whole chunks only
                 if rows + nxt.batch.num_rows - nxt.handed > min(limit_rows, JOIN_ROWS):
                     break
             more = self._hand(nxt, sends, take)
-            size += nxt.chunk.size  # type: ignore[union-attr]
+            size += nxt.chunk.size
             if more is not None and more.num_rows:
                 parts.append(more)
                 rows += more.num_rows
@@ -591,7 +507,6 @@ class Consumer(Subscriptions):
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
         sub = item.sub
-        assert sub is not None
         self._filter(item)
         batch = item.batch
         assert batch is not None
@@ -610,13 +525,13 @@ class Consumer(Subscriptions):
         counted: credit, metrics, offset tracking; a chunk handed whole
         leaves the queue."""
         sub, chunk, batch = item.sub, item.chunk, item.batch
-        assert sub is not None and chunk is not None and batch is not None
+        assert batch is not None  # decoded by Subscriptions.head
         total = batch.num_rows
         start, end = item.accounted, item.handed
         item.accounted = end
         before = start / total if total else 0.0
         if end >= total:
-            self._queue.popleft()
+            self._subs.done()
             sub.position = max(sub.position or 0, chunk.next_offset)
             after = 1.0
         else:

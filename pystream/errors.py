@@ -7,8 +7,6 @@ response code in ``code``; errors found in received bytes carry the byte
 
 from __future__ import annotations
 
-import random
-
 
 class StreamError(Exception):
     """Base class of every pystream error."""
@@ -317,21 +315,3 @@ def error_for_code(code: int, context: str) -> StreamError:
     cls = _BY_CODE.get(code, ResponseError)
     return cls(f"{context}: {cls.__name__} (response code {code:#04x})",
                code=code)
-
-
-#: Failures that reconnecting may cure: consumers and producers retry these
-#: (with backoff, up to their recovery timeout) and give up on anything else.
-RECOVERABLE = (ConnectionLost, ConnectionClosed, RequestTimeout,
-               StreamNotAvailable, OSError)
-
-#: The wait before the first retry; it doubles after each failed one, up to
-#: the cap, which bounds how long the application waits after the broker is
-#: back (a refused connect costs the broker next to nothing).
-FIRST_RETRY_DELAY = 0.1
-MAX_RETRY_DELAY = 2.0
-
-
-def next_retry_delay(delay: float) -> float:
-    """Up to a fifth less at random, so that the clients of a node that
-    comes back do not all dial it at the same moment."""
-    return min(delay * 2, MAX_RETRY_DELAY) * random.uniform(0.8, 1.0)

@@ -29,17 +29,14 @@ from ._core import check_codec, encode_publish
 from .arrow import Batch, as_batch
 from .confirms import CallbackThread, ConfirmFuture, Confirms, _Batch
 from .errors import (
-    FIRST_RETRY_DELAY,
-    RECOVERABLE,
     ConfirmTimeout,
     ConnectionClosed,
-    ConnectionLost,
     ProducerClosed,
     SendTimeout,
     StreamError,
-    next_retry_delay,
 )
 from .gathered import Row, check_symbols, rows_batch
+from .retry import Backoff, retryable
 
 if TYPE_CHECKING:
     from ._core import Codec
@@ -474,7 +471,8 @@ class Producer:
     def _recover(self, cause: str) -> None:
         self._disconnect(delete=False)
         started = time.monotonic()
-        delay = FIRST_RETRY_DELAY
+        backoff = Backoff(self.recovery_timeout)
+        backoff.start()
         while not self._closed:
             try:
                 with self._send_lock:
@@ -501,20 +499,16 @@ class Producer:
                          "(%s): reconnecting once more", self.stream,
                          again.replace("_", " "))
                 self._disconnect(delete=False)
-                time.sleep(delay)
-                delay = next_retry_delay(delay)
-            except RECOVERABLE as exc:
-                if time.monotonic() - started > self.recovery_timeout:
-                    self._fail(ConnectionLost(
-                        f"stream {self.stream!r} unreachable for "
-                        f"{self.recovery_timeout:g} s: {exc}"))
+                time.sleep(backoff.failed())
+            except Exception as exc:
+                if not retryable(exc):  # e.g. the stream deleted, a password changed
+                    self._fail(exc)
+                    return
+                if backoff.expired():
+                    self._fail(backoff.final(self.stream, exc))
                     return
                 self._disconnect(delete=False)
-                time.sleep(delay)
-                delay = next_retry_delay(delay)
-            except Exception as exc:  # e.g. the stream deleted, a password changed
-                self._fail(exc)
-                return
+                time.sleep(backoff.failed())
 
     def _recovered(self, cause: str, first: int | None, batches: int,
                    seconds: float) -> None:

@@ -37,18 +37,16 @@ from .client import Client
 from .connection import Connection
 from .credit import Credit
 from .errors import (
-    FIRST_RETRY_DELAY,
-    RECOVERABLE,
     CertificateVerificationError,
     DataLoss,
     MissingPassword,
     RequestTimeout,
     StreamError,
     StreamNotAvailable,
-    next_retry_delay,
 )
 from .offsets import offset_spec
 from .records import Filter
+from .retry import FIRST_RETRY_DELAY, RECOVERABLE, next_retry_delay
 from .tls import check_tls_settings, tls_options
 from .uri import BrokerAddress, parse_uri
 

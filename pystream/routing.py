@@ -1,9 +1,9 @@
 """Who a connection's frames are for: its subscriptions (by id), its
 publishers (by id) and the handlers registered by frame key, and the
-hand-over of decoded chunks to their subscriptions (``_drain``).
-``Connection`` keeps the socket, the requests, and ``_dispatch``, which
-sends every other frame to its owner here or handles it itself (answers,
-Tune, Heartbeat, Close)."""
+hand-over of decoded chunks to their subscriptions (``FrameRoutes.drain``).
+``Connection`` holds one ``FrameRoutes``; it keeps the socket, the requests,
+and ``_dispatch``, which sends every other frame to its owner here or
+handles it itself (answers, Tune, Heartbeat, Close)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
-from .errors import StreamError
+from .errors import ConnectionClosed, StreamError
 
 FrameHandler = Callable[[memoryview], None]
 
@@ -56,24 +56,27 @@ DELIVER_BYTES = 1 << 20
 
 
 class FrameRoutes:
-    """The subscriptions, publishers and frame handlers of one connection
-    (a base of ``Connection``, which provides what is declared here)."""
+    """The subscriptions, publishers and frame handlers of one connection,
+    and the subscriptions' part of its frame reader (their decode options,
+    the ``admit`` check). ``end`` closes the tables to newcomers and tells
+    those in them; the connection calls it when it ends."""
 
-    _reader: StreamDecoder
-    _state_lock: threading.Lock
-    _check_open: Callable[[], None]
-    _dispatch: Callable[[memoryview], None]
-
-    def __init__(self) -> None:
+    def __init__(self, reader: StreamDecoder) -> None:
+        self._reader = reader
+        self._lock = threading.Lock()
+        # Why the connection ended (raised to a newcomer), once it did.
+        self._ended: StreamError | None = None
         self._sinks: dict[int, SubscriptionSink] = {}
         self._publishers: dict[int, PublisherSink] = {}
         self._handlers: dict[int, FrameHandler] = {}
+        self._admit_chunks(reader)
 
     def _admit_chunks(self, reader: StreamDecoder) -> None:
         """Have ``reader`` ask the chunk's subscription before it decodes
         a chunk (``StreamDecoder.admit``). Through the table, not a method:
-        the reader must not hold its connection, which would then live on
-        in a reference cycle after its last use, with its receive blocks."""
+        the reader must not hold these routes, nor through them anything
+        that holds the reader, which would then live on in a reference
+        cycle after its last use, with its receive blocks."""
         sinks = self._sinks
 
         def admit(chunk: Chunk) -> bool:
@@ -81,6 +84,10 @@ class FrameRoutes:
             return sink is not None and sink.admit(chunk)
 
         reader.admit = admit
+
+    def _check_open(self) -> None:
+        if self._ended is not None:
+            raise self._ended
 
     def on_frame(self, key: int, handler: FrameHandler) -> None:
         """Route every frame with this key to ``handler`` (in the reader
@@ -92,7 +99,7 @@ class FrameRoutes:
         """Give ``sink`` a free subscription id and decode its chunks with
         ``decode_options`` (those of ``_core.decode``); the caller then sends
         Subscribe with that id."""
-        with self._state_lock:
+        with self._lock:
             self._check_open()
             free = next((i for i in range(256) if i not in self._sinks), None)
             if free is None:
@@ -109,7 +116,7 @@ class FrameRoutes:
         self._reader.subscribe(subscription_id, **decode_options)
 
     def remove_subscription(self, subscription_id: int) -> None:
-        with self._state_lock:
+        with self._lock:
             self._sinks.pop(subscription_id, None)
             self._reader.unsubscribe(subscription_id)
 
@@ -119,7 +126,7 @@ class FrameRoutes:
 
     def add_publisher(self, sink: PublisherSink) -> int:
         """Give ``sink`` a free publisher id; the caller then declares it."""
-        with self._state_lock:
+        with self._lock:
             self._check_open()
             free = next((i for i in range(256) if i not in self._publishers), None)
             if free is None:
@@ -128,12 +135,56 @@ class FrameRoutes:
         return free
 
     def remove_publisher(self, publisher_id: int) -> None:
-        with self._state_lock:
+        with self._lock:
             self._publishers.pop(publisher_id, None)
 
-    def _drain(self, reader: StreamDecoder) -> None:
-        """Hand every complete frame in the buffer to its subscription or
-        handler.
+    def subscription(self, subscription_id: int) -> SubscriptionSink | None:
+        return self._sinks.get(subscription_id)
+
+    def publisher(self, publisher_id: int) -> PublisherSink | None:
+        return self._publishers.get(publisher_id)
+
+    def route(self, key: int, frame: memoryview) -> bool:
+        """Hand ``frame`` to the handler registered for ``key``, or a
+        PublishConfirm to its publisher; False if neither takes it."""
+        handler = self._handlers.get(key)
+        if handler is not None:
+            handler(frame)
+            return True
+        if key == P.PublishConfirm.KEY and len(frame) > P.CONFIRM_PUBLISHER_ID_AT:
+            # Confirms are parsed by the producer (vectorised), not here.
+            publisher = self._publishers.get(frame[P.CONFIRM_PUBLISHER_ID_AT])
+            if publisher is not None:
+                publisher.on_confirm(frame)
+                return True
+        return False
+
+    def metadata_update(self, stream: str, code: int) -> None:
+        """Tell the subscriptions and publishers of ``stream``."""
+        listeners: list[SubscriptionSink | PublisherSink] = [
+            *self._sinks.values(), *self._publishers.values()]
+        for listener in listeners:
+            if listener.stream == stream:
+                listener.on_metadata_update(code)
+
+    def end(self, error: StreamError | None) -> None:
+        """The connection ended (``error`` None: closed on purpose): refuse
+        newcomers from now on and tell every subscription and publisher."""
+        with self._lock:
+            if self._ended is not None:
+                return
+            self._ended = error or ConnectionClosed("the connection is closed")
+            sinks = list(self._sinks.values())
+            publishers = list(self._publishers.values())
+        for sink in sinks:
+            sink.on_connection_closed(error)
+        for publisher in publishers:
+            publisher.on_connection_closed(error)
+
+    def drain(self, reader: StreamDecoder,
+              dispatch: Callable[[memoryview], None]) -> None:
+        """Hand every complete frame in the buffer to its subscription, or
+        (any frame but a Deliver) to ``dispatch``.
 
         Chunks go to their subscriptions together once the buffer is
         drained (or ``DELIVER_BYTES`` of them are decoded), right before the
@@ -158,7 +209,7 @@ class FrameRoutes:
                     return
                 if isinstance(event, bytes):
                     self._deliver(chunks)
-                    self._dispatch(memoryview(event))
+                    dispatch(memoryview(event))
                 else:
                     chunks.append(event)
                     pending += event.size

@@ -6,7 +6,9 @@ without the GIL) and queues them here; a maintenance thread per consumer
 resubscribes after failures (with backoff, after the last record received)
 and watches super streams for new partitions. Credit (``credit.py``) keeps
 the queue bounded; offsets (``offsets.py``) say where to start and what to
-store. The reading API on top of the queue is ``consumer.Consumer``.
+store. One stream's state is a ``stream_subscription.Subscription``. The
+reading API on top of the queue is ``consumer.Consumer``, which holds a
+``Subscriptions`` and takes from its queue through its methods.
 """
 
 from __future__ import annotations
@@ -19,220 +21,26 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from . import metrics
 from . import protocol as P
 from ._core import Chunk
-from .credit import Credit, CreditController, subscribe_credit
-from .errors import (
-    FIRST_RETRY_DELAY,
-    RECOVERABLE,
-    ConnectionClosed,
-    ConnectionLost,
-    NoOffset,
-    ReadInterrupted,
-    StreamDoesNotExist,
-    StreamError,
-    next_retry_delay,
-)
-from .offsets import OffsetTracker
+from .credit import Credit, subscribe_credit
+from .errors import ConnectionLost, NoOffset, StreamError
 from .records import Filter
+from .retry import Backoff, retryable
+from .stream_subscription import End, Queued, Subscription, cost
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from .admin import Admin
-    from .connection import Connection
 
 log = logging.getLogger("pystream.consumer")
-
-IDLE_SECONDS = 1.0  # lag: no chunk for this long with credit is caught up
-
-
-class Queued:
-    """A chunk waiting for the application, or (``sub`` None) the end of the
-    consumer with the error to raise there, if any."""
-
-    __slots__ = ("sub", "chunk", "batch", "handed", "accounted", "filtered",
-                 "error")
-
-    def __init__(self, sub: Subscription | None, chunk: Chunk | None,
-                 error: BaseException | None = None) -> None:
-        self.sub = sub
-        self.chunk = chunk
-        self.batch = chunk.batch if chunk is not None else None
-        self.handed = 0          # rows of ``batch`` handed so far
-        # Of those, rows counted for credit, metrics and offset tracking
-        # (``messages()`` counts a chunk's records at its end, or when the
-        # next take from it does).
-        self.accounted = 0
-        self.filtered = False    # post filter applied
-        self.error = error
-
-    @property
-    def cost(self) -> int:
-        assert self.chunk is not None
-        return cost(self.chunk)
-
-
-def cost(chunk: Chunk) -> int:
-    """What the credit counts an admitted chunk at: its decoded size once
-    decoded, its frame's until then (see ``CreditController.admit``)."""
-    return chunk.size if chunk.batch is None else chunk.decoded_size
-
-
-class Subscription:
-    """One stream of a consumer on one connection; the connection's
-    ``SubscriptionSink``. Its state changes under the consumer's lock."""
-
-    def __init__(self, consumer: Subscriptions, stream: str, start: P.OffsetSpec,
-                 position: int | None) -> None:
-        self.consumer = consumer
-        self.stream = stream
-        self.start = start                  # offset of a fresh subscription
-        self.position = position            # next offset for the application
-        # Records before this offset were processed: the application came
-        # back for more after them (``Consumer._completed``). What a named
-        # consumer stores unless it closes cleanly.
-        self.completed = position
-        self.received: int | None = None    # next offset after the last chunk received
-        self.committed_chunk_id: int | None = None
-        self.credit = CreditController(consumer.credit_policy,
-                                       consumer.chunk_size_hint)
-        self.connection: Connection | None = None
-        self.subscription_id = -1
-        self.live = False                   # chunks from the broker are wanted
-        self.active = not consumer.single_active
-        self.tracker: OffsetTracker | None = None
-        if consumer.name is not None and consumer.auto_store:
-            self.tracker = OffsetTracker(
-                self.store_offset, every_records=consumer.store_every_records,
-                every_seconds=consumer.store_every_seconds)
-        self.stored: int | None = None      # last offset stored
-        self.last_arrival = 0.0             # monotonic time of the last chunk
-        self.broken_at: float | None = None  # when it failed, and why
-        self.cause = ""
-        self.rewinds = 0                    # taken back by Subscriptions._rewind
-        # The offset after the last record the metrics counted as handed:
-        # a rewind hands records again, which are not counted twice.
-        self.counted_to: int | None = None
-        self.stats = metrics.consumer_stats(consumer.client.address, stream,
-                                            consumer.name)
-        metrics.watch_subscription(self)
-
-    def resume_spec(self) -> P.OffsetSpec:
-        """Where to subscribe again: after the last record received (queued
-        chunks stay queued), or where we started if nothing came."""
-        if self.received is not None:
-            return P.OffsetSpec(P.OFFSET_OFFSET, self.received)
-        if self.position is not None:
-            return P.OffsetSpec(P.OFFSET_OFFSET, self.position)
-        return self.start
-
-    def rewound(self, position: int | None) -> None:
-        """Records from ``position`` on go to the application again (under
-        the consumer's lock)."""
-        self.position = position
-        if position is not None and self.completed is not None:
-            self.completed = min(self.completed, position)
-
-    def store_offset(self, offset: int) -> None:
-        conn = self.connection
-        if conn is None or not conn.is_open:
-            conn = self.consumer.client.connection
-        conn.send(P.StoreOffset(self.consumer.name or "", self.stream, offset))
-        self.stored = offset
-        self.stats.offsets_stored += 1
-
-    # --- what the metrics read (their reader's thread) -------------------------
-
-    def reporting(self) -> bool:
-        return not self.consumer.closed
-
-    def lag(self) -> int | None:
-        """Offsets committed and not yet handed: from the broker's stream
-        statistics (3.11+), else from the last Deliver's committed chunk id.
-        Counted to the start of the last committed chunk, so short by up to
-        a chunk. The broker never delivers the offset-tracking chunks that
-        stores write: a subscription with credit, nothing queued and no
-        chunk for ``IDLE_SECONDS`` is caught up, whatever they add."""
-        committed = self.committed_chunk_id
-        client = self.consumer.client
-        try:
-            # Not while recovering: a collection must not wait out timeouts.
-            if self.live and client.supports("stream_stats"):
-                committed = client.stream_stats(self.stream).get(
-                    "committed_chunk_id", committed)
-        except StreamError:
-            pass  # the Deliver's figure, if any
-        if committed is None:
-            return None
-        credit = self.credit
-        if (self.live and credit.outstanding and not credit.queued_bytes
-                and time.monotonic() - self.last_arrival >= IDLE_SECONDS):
-            return 0
-        return max(0, committed - (self.position or 0))
-
-    def stored_offset(self) -> int | None:
-        return self.stored
-
-    def count_handed(self, chunk: Chunk, batch: pa.RecordBatch, start: int,
-                     end: int) -> None:
-        """Count rows ``start:end`` of ``batch`` (of ``chunk``) in the
-        metrics, and the chunk once its last row went: only what the
-        application was not handed before a rewind. Call it after the
-        position moved past them."""
-        counted = self.counted_to
-        rows = end - start
-        if counted is not None and rows and batch.column(0)[start].as_py() < counted:
-            offsets = batch.column(0).slice(start, rows).to_numpy()
-            rows -= int(np.searchsorted(offsets, counted))
-        self.stats.consumed += rows
-        if end >= batch.num_rows and (counted is None or chunk.next_offset > counted):
-            metrics.chunk_received(self.stats, chunk.num_records, chunk.size,
-                                   chunk.decode_ns)
-        if self.position is not None:
-            self.counted_to = max(counted or 0, self.position)
-
-    # --- SubscriptionSink (reader thread) -----------------------------------
-
-    def admit(self, chunk: Chunk) -> bool:
-        return self.consumer._admit(self, chunk)
-
-    def on_chunks(self, chunks: list[Chunk]) -> None:
-        self.consumer._chunks_arrived(self, chunks)
-
-    def on_chunk_error(self, error: StreamError) -> None:
-        self.consumer._end(error, after_queue=True)
-
-    def on_consumer_update(self, correlation_id: int, active: bool) -> None:
-        threading.Thread(target=self.consumer._consumer_update,
-                         args=(self, correlation_id, active),
-                         name="pystream-consumer-update", daemon=True).start()
-
-    def on_metadata_update(self, code: int) -> None:
-        log.info("stream %r moved or went away (code %#x): resubscribing",
-                 self.stream, code)
-        self.consumer._broken(self, "metadata_update")
-
-    def on_connection_closed(self, error: StreamError | None) -> None:
-        if error is None:  # closed on purpose (client.close())
-            self.consumer._end(None, after_queue=True)
-        elif isinstance(error, ReadInterrupted):  # a chunk read may be lost
-            self.consumer._rewind({self: self.position}, "interrupted")
-        elif isinstance(error, (ConnectionLost, ConnectionClosed)):
-            self.consumer._broken(self, "connection_closed"
-                                  if isinstance(error, ConnectionClosed)
-                                  else "connection_lost")
-        else:  # bad bytes from the broker: retrying would read them again
-            self.consumer._end(error, after_queue=True)
 
 
 class Subscriptions:
     """The subscription side of a ``Consumer``: its streams' subscriptions,
-    the queue the reader threads fill, and the maintenance thread that
-    recovers them. The reading API is ``consumer.Consumer``."""
+    the queue the reader threads fill and the application takes from (under
+    ``hold()``), what an interrupt kept from the application, and the
+    maintenance thread that recovers them. The reading API is
+    ``consumer.Consumer``."""
 
     def __init__(self, client: Admin, *, name: str | None,
                  single_active: bool, super_stream: str | None,
@@ -258,21 +66,25 @@ class Subscriptions:
 
         self._lock = threading.RLock()  # the lock of _cond, for short holds
         self._cond = threading.Condition(self._lock)
-        self._queue: deque[Queued] = deque()
+        self._queue: deque[Queued | End] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()
         # Where subscriptions go back to for rows an interrupt kept from the
-        # application (see Consumer._next_batch); cleared once rewound.
+        # application (see give_back); cleared once rewound.
         self._unreturned: dict[Subscription, int | None] = {}
-        self._broken_since: float | None = None
+        # The outage of the broken subscriptions: since when, the next wait.
+        self._backoff = Backoff(recovery_timeout)
         self._closed = False
         self._ended = False     # no more chunks will come (see _end)
         self._wakers: list[Callable[[], None]] = []
         self._maintenance = threading.Event()
         # Credits to send from a thread of their own (the asyncio face)
         self._credit_writes: queue.SimpleQueue[tuple[Subscription, int] | None] | None = None
+        # The connection each application thread last read itself.
+        self._read_on = threading.local()
 
-    def _start_subscriptions(self, streams: list[str]) -> None:
+    def start(self, streams: list[str]) -> None:
+        """Subscribe to ``streams`` and start the maintenance thread."""
         for s in streams:
             self._subscribe(self._new_subscription(s))
         threading.Thread(target=self._maintain, daemon=True,
@@ -282,6 +94,20 @@ class Subscriptions:
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
         return self._closed
+
+    def __getitem__(self, stream: str) -> Subscription:
+        return self._subs[stream]
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def values(self) -> list[Subscription]:
+        """The subscriptions, one per stream read."""
+        return list(self._subs.values())
+
+    def queued(self) -> int:
+        """How many chunks wait for the application."""
+        return len(self._queue)
 
     # --- the reader threads' side -------------------------------------------
 
@@ -318,15 +144,15 @@ class Subscriptions:
                 sub.last_arrival = time.monotonic()
                 self._notify()
         if n:
-            self._send_credit(sub, n)
+            self.send_credit(sub, n)
 
-    def _inflate(self, item: Queued) -> None:
+    def _inflate(self, item: Queued | End) -> None:
         """Under the lock: decode the queue's head if its admission left it
         undecoded (it did not fit the budget beside the chunks before it).
         One that fails ends the consumer there, as on arrival."""
-        chunk, sub = item.chunk, item.sub
-        if chunk is None or sub is None or chunk.batch is not None:
+        if isinstance(item, End) or item.chunk.batch is not None:
             return
+        chunk, sub = item.chunk, item.sub
         try:
             chunk.decode()
         except StreamError as exc:
@@ -343,16 +169,16 @@ class Subscriptions:
 
     def _interrupt_reads(self) -> None:
         """Stop an application thread reading for this consumer
-        (``Consumer._read_while_waiting``): the consumer ended, or a
+        (``_read_while_waiting``): the consumer ended, or a
         subscription left its connection."""
         for sub in self._subs.values():
             conn = sub.connection
             if conn is not None:
                 conn.interrupt_read()
 
-    def _send_credit(self, sub: Subscription, n: int) -> None:
+    def send_credit(self, sub: Subscription, n: int) -> None:
         """Send ``n`` credits the controller granted (outside the lock), or
-        hand them to the credit thread (``_send_credit_in_background``)."""
+        hand them to the credit thread (``send_credit_in_background``)."""
         writes = self._credit_writes
         if writes is not None:
             writes.put((sub, n))
@@ -372,7 +198,7 @@ class Subscriptions:
             return  # the connection is gone; recovery grants afresh
         sub.stats.credit_granted += n
 
-    def _send_credit_in_background(self) -> None:
+    def send_credit_in_background(self) -> None:
         """From now on send credit from a thread of this consumer's, never
         the caller's: the asyncio face takes batches on its event loop,
         which a full socket buffer must not block. The thread ends with the
@@ -403,7 +229,7 @@ class Subscriptions:
             sub.live = False
         if not after_queue:
             self._queue.clear()
-        self._queue.append(Queued(None, None, error))
+        self._queue.append(End(error))
         self._notify()
         self._interrupt_reads()
 
@@ -421,11 +247,10 @@ class Subscriptions:
         if sub.broken_at is None:
             sub.broken_at, sub.cause = time.monotonic(), cause
         self._broken_subs.add(sub)
-        if self._broken_since is None:
-            self._broken_since = time.monotonic()
+        self._backoff.start()
         self._interrupt_reads()
 
-    def _take_back(self) -> None:
+    def take_back(self) -> None:
         """Rewind to ``_unreturned``, and only then forget it: an interrupt
         in between leaves it for the next call (rewinding is idempotent)."""
         if self._unreturned:
@@ -444,7 +269,8 @@ class Subscriptions:
             for sub, position in positions.items():
                 if position is None:  # nothing handed yet: from what came
                     position = next((q.chunk.first_offset for q in self._queue
-                                     if q.sub is sub and q.chunk is not None), None)
+                                     if isinstance(q, Queued) and q.sub is sub),
+                                    None)
                 sub.rewound(position)
                 sub.rewinds += 1
                 self._drop_queued(sub)
@@ -455,11 +281,145 @@ class Subscriptions:
     def _drop_queued(self, sub: Subscription) -> None:
         """Under the lock: forget what ``sub`` queued, to be read again
         from its position."""
-        kept = [q for q in self._queue if q.sub is not sub]
+        kept = [q for q in self._queue if isinstance(q, End) or q.sub is not sub]
         self._queue.clear()
         self._queue.extend(kept)
         sub.received = None
         sub.credit.emptied()
+
+    # --- the application's side (``Consumer``) --------------------------------
+
+    def hold(self) -> threading.Condition:
+        """The lock the application's side holds while it takes from the
+        queue (``head``, ``first``, ``done``) and moves positions."""
+        return self._cond
+
+    def head(self, deadline: float | None, read_while_waiting: bool) -> Queued | None:
+        """Under ``hold()``: the queue's first chunk, waiting for one until
+        ``deadline``; None at the deadline or once closed. Raises the error
+        that ended the consumer."""
+        while not self._queue:
+            if self._closed:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if not (read_while_waiting and self._read_while_waiting(left)):
+                self._cond.wait(left)
+        self._inflate(self._queue[0])  # may end the consumer there instead
+        item = self._queue[0]
+        if isinstance(item, End):
+            self._closed = True
+            self._queue.clear()
+            if item.error is not None:
+                raise item.error
+            return None
+        return item
+
+    def first(self) -> Queued | None:
+        """Under ``hold()``: the queue's first chunk, if any (None at the
+        end); no waiting."""
+        item = self._queue[0] if self._queue else None
+        return item if isinstance(item, Queued) else None
+
+    def done(self) -> None:
+        """Under ``hold()``: the queue's first chunk was handed whole."""
+        self._queue.popleft()
+
+    def _read_while_waiting(self, timeout: float | None) -> bool:
+        """Wait for the queue by reading the socket in this thread, when the
+        consumer reads one stream on a connection of its own: the next batch
+        is then in hand when its ``recv`` returns, with no wake-up of this
+        thread in between (see ``readturn``). False to wait on the lock as
+        usual: on a shared connection, another consumer's thread would wait
+        for the turn while its chunks come in. Called under the lock, which
+        whoever reads needs: let go of it meanwhile."""
+        if len(self._subs) != 1:
+            return False
+        sub = next(iter(self._subs.values()))
+        conn = sub.connection
+        if conn is None or not sub.live or conn.subscription_count != 1:
+            return False
+        if getattr(self._read_on, "conn", conn) is not conn:
+            self.end_read()  # the subscription moved since
+        self._cond.release()
+        try:
+            self._read_on.conn = conn  # its turn may stay with this thread
+            return conn.read_until(
+                lambda: bool(self._queue) or self._closed
+                or not sub.live or sub.connection is not conn, timeout)
+        finally:
+            self._cond.acquire()
+
+    def end_read(self) -> None:
+        """Let the reader threads read again once the data this thread read
+        for itself (``_read_while_waiting``) was handed over, unless this
+        thread comes back for more within moments (``Connection.end_read``)."""
+        conn = getattr(self._read_on, "conn", None)
+        if conn is not None:
+            conn.end_read()  # first: interrupted between, it lends again
+            self._read_on.conn = None
+
+    def unreturned(self) -> bool:
+        """Whether rows an exception kept from the application wait to be
+        taken back (``give_back``)."""
+        return bool(self._unreturned)
+
+    def give_back(self, taken: dict[Subscription, int | None]) -> None:
+        """Rewind to where ``taken`` says the rows an exception kept from
+        the application began (at once, or on the next call if interrupted
+        here)."""
+        self._unreturned = taken | self._unreturned
+        self.take_back()
+
+    def completed(self) -> None:
+        """The application is back for more: the records handed so far were
+        processed (what a named consumer leaving with an exception stores)."""
+        with self._cond:
+            for sub in self._subs.values():
+                sub.completed = sub.position
+
+    def grant(self, chunks: int) -> None:
+        """Let the broker send ``chunks`` more chunks (``Credit.manual``)."""
+        with self._cond:
+            sends = [(sub, sub.credit.manual(chunks)) for sub in self._subs.values()]
+        for sub, n in sends:
+            self.send_credit(sub, n)
+
+    def add_waker(self, waker: Callable[[], None]) -> None:
+        """Call ``waker()`` whenever data or an error is queued."""
+        with self._cond:
+            self._wakers.append(waker)
+
+    def close(self, *, handed: bool) -> None:
+        """Store (named consumers) the offset of the last record handed, or
+        with ``handed`` False only what was processed
+        (``Subscription.completed``); unsubscribe, free the connections."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for sub, position in self._unreturned.items():  # for the store
+                sub.rewound(position)
+            subs = list(self._subs.values())
+            # A subscription single active elsewhere stores nothing: the
+            # active consumer's progress is not this one's to overwrite.
+            stores = [(sub.tracker, sub.position if handed else sub.completed)
+                      for sub in subs if sub.tracker is not None and sub.active]
+            for sub in subs:
+                sub.live = False
+            self._queue.clear()
+            self._notify()
+            self._interrupt_reads()
+        self._maintenance.set()
+        for tracker, position in stores:
+            try:
+                tracker.flush(position)
+            except StreamError as exc:
+                log.warning("could not store the offset of %r: %s",
+                            self.name, exc)
+        for sub in subs:
+            self._unsubscribe(sub)
 
     # --- subscribing ------------------------------------------------------------
 
@@ -548,57 +508,17 @@ class Subscriptions:
         conn.remove_subscription(sub.subscription_id)
         self.client.pool.release(conn)
 
-    def _consumer_update(self, sub: Subscription, corr: int,
-                         active: bool) -> None:
-        """Single active consumer: the broker made this subscription active
-        (answer where to start) or inactive (give back what is queued)."""
-        conn = sub.connection
-        if conn is None:
-            return
-        spec = P.OffsetSpec(P.OFFSET_NEXT)
-        try:
-            with self._cond:
-                # Deactivated: nothing more is handed (what is queued goes,
-                # ``messages()`` takes record by record) and, past the store
-                # below, nothing is stored (close and store_offset skip it).
-                self._drop_queued(sub)
-                sub.active = active
-                completed = sub.completed
-            if active:
-                spec = sub.start
-                try:
-                    stored = self.client.query_offset(sub.stream, self.name or "")
-                    resume = max(stored + 1, sub.position or 0)
-                    spec = P.OffsetSpec(P.OFFSET_OFFSET, resume)
-                except NoOffset:
-                    if sub.position is not None:
-                        spec = P.OffsetSpec(P.OFFSET_OFFSET, sub.position)
-                if spec.type == P.OFFSET_OFFSET:
-                    with self._cond:
-                        sub.position = sub.completed = spec.value
-                    conn.update_subscription(
-                        sub.subscription_id, start_offset=spec.value,
-                        **self._decode_options)
-            elif sub.tracker is not None:
-                # What was processed: the consumer taking over resumes there,
-                # so a record handed and still in the application's hands
-                # is read again rather than lost.
-                sub.tracker.flush(completed)
-            conn.send(P.ConsumerUpdateResponse(corr, P.RESPONSE_OK, spec))
-        except StreamError as exc:
-            log.warning("consumer update of %r failed: %s", sub.stream, exc)
-
     # --- maintenance thread -----------------------------------------------------
 
     def _maintain(self) -> None:
         """Resubscribe broken subscriptions with backoff; pick up new
         partitions of a super stream."""
-        delay = FIRST_RETRY_DELAY
+        retry_in = 0.0
         next_refresh = time.monotonic() + self.partition_refresh_seconds
         while True:
             with self._cond:
                 broken = list(self._broken_subs)
-            wait = (delay if broken else
+            wait = (retry_in if broken else
                     max(0.0, next_refresh - time.monotonic())
                     if self.super_stream is not None else None)
             if wait is None or wait > 0:
@@ -613,14 +533,15 @@ class Subscriptions:
             with self._cond:
                 broken = list(self._broken_subs)
             if broken:
-                delay = self._recover(broken, delay)
+                retry_in = self._recover(broken)
             elif (self.super_stream is not None
                     and time.monotonic() >= next_refresh):
                 next_refresh = time.monotonic() + self.partition_refresh_seconds
-                self._refresh_partitions()
+                self._refresh_partitions(self.super_stream)
 
-    def _recover(self, broken: list[Subscription], delay: float) -> float:
-        """One attempt at every broken subscription; the next delay."""
+    def _recover(self, broken: list[Subscription]) -> float:
+        """One attempt at every broken subscription; the wait before the
+        next, if some are still (or again) broken."""
         for sub in broken:
             # The broker forgot the subscription if its connection or
             # stream went, not if it was rewound: Unsubscribe if still open.
@@ -628,50 +549,34 @@ class Subscriptions:
             spec = sub.resume_spec()
             try:
                 self._subscribe(sub)
-            except StreamDoesNotExist as exc:
-                self._end(exc, after_queue=True)
-                return delay
-            except RECOVERABLE as exc:
+            except Exception as exc:
+                if not retryable(exc):  # e.g. the stream deleted
+                    self._end(exc, after_queue=True)
+                    return 0.0
                 log.info("resubscribing to %r failed: %s", sub.stream, exc)
-                since = self._broken_since or time.monotonic()
-                if time.monotonic() - since > self.recovery_timeout:
-                    self._end(ConnectionLost(
-                        f"stream {sub.stream!r} unreachable for "
-                        f"{self.recovery_timeout:g} s: {exc}"), after_queue=True)
-                return next_retry_delay(delay)
-            except StreamError as exc:
-                self._end(exc, after_queue=True)
-                return delay
+                if self._backoff.expired():
+                    self._end(self._backoff.final(sub.stream, exc), after_queue=True)
+                return self._backoff.failed()
             with self._cond:
                 if not sub.live:  # broken again already (or rewound): next round
                     continue
                 self._broken_subs.discard(sub)
                 if not self._broken_subs:
-                    self._broken_since = None
+                    self._backoff.reset()
                 broken_at, sub.broken_at = sub.broken_at, None
             if broken_at is not None:  # not a new partition
-                self._recovered(sub, spec, time.monotonic() - broken_at)
-        return FIRST_RETRY_DELAY
+                sub.recovered(spec, time.monotonic() - broken_at)
+        with self._cond:
+            again = bool(self._broken_subs)
+        # Broken again already: as after a failed attempt (the producer's
+        # recovery does the same), so a flapping stream is not hammered.
+        return self._backoff.failed() if again else 0.0
 
-    def _recovered(self, sub: Subscription, spec: P.OffsetSpec,
-                   seconds: float) -> None:
-        where = {P.OFFSET_OFFSET: f"offset {spec.value}",
-                 P.OFFSET_TIMESTAMP: f"timestamp {spec.value} ms",
-                 P.OFFSET_FIRST: "the first offset",
-                 P.OFFSET_LAST: "the last chunk",
-                 P.OFFSET_NEXT: "the next offset"}.get(spec.type, str(spec))
-        who = f"consumer {self.name!r}" if self.name is not None else "consumer"
-        log.warning("%s of stream %r recovered from %s: resubscribed from %s "
-                    "after %.2f s", who, sub.stream,
-                    sub.cause.replace("_", " "), where, seconds)
-        metrics.recovered("consumer", sub.cause, sub.stream, seconds,
-                          self.client.address)
-
-    def _refresh_partitions(self) -> None:
+    def _refresh_partitions(self, super_stream: str) -> None:
         try:
-            streams = self.client.partitions(self.super_stream)  # type: ignore[arg-type]
+            streams = self.client.partitions(super_stream)
         except StreamError as exc:
-            log.info("partitions of %r: %s", self.super_stream, exc)
+            log.info("partitions of %r: %s", super_stream, exc)
             return
         for stream in streams:
             if stream not in self._subs:

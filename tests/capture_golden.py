@@ -39,11 +39,11 @@ from typing import Any
 from pystream import protocol as P
 from pystream.uri import parse_uri
 
+from . import brokers
 from .golden import GOLDEN
 from .publishers import amqp091_url, declare_stream_amqp091, publish_amqp091
 
-URIS = {"modern": "rabbitmq-stream://guest:guest@localhost:5552/",
-        "legacy": "rabbitmq-stream://guest:guest@localhost:5562/"}
+URIS = {"modern": brokers.MODERN.uri(), "legacy": brokers.LEGACY.uri()}
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 TRACKING_REFERENCE = "golden-reader"
 

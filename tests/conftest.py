@@ -1,8 +1,8 @@
 """Shared fixtures: the three real brokers that `scripts/broker up` starts.
 
-Tests find them through PYSTREAM_TEST_URI (RabbitMQ 4.0, default port 5552),
-PYSTREAM_TEST_LEGACY_URI (RabbitMQ 3.10, default port 5562) and
-PYSTREAM_TEST_LATEST_URI (RabbitMQ 4.3, default port 5582). What the tests
+Tests find them through PYSTREAM_TEST_URI (RabbitMQ 4.0),
+PYSTREAM_TEST_LEGACY_URI (RabbitMQ 3.10) and PYSTREAM_TEST_LATEST_URI
+(RabbitMQ 4.3), by default on the ports of scripts/brokers.tsv. What the tests
 create there is removed when the suite ends (tests/leftovers.py).
 """
 
@@ -27,22 +27,17 @@ import pytest
 
 import pystream
 
-from . import leftovers
+from . import brokers, leftovers
 from .certificates import CLIENT_CN, ensure_certificates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BROKER_SCRIPT = ROOT / "scripts" / "broker"
-MODERN_URI = os.environ.get("PYSTREAM_TEST_URI",
-                            "rabbitmq-stream://guest:guest@localhost:5552/")
-LEGACY_URI = os.environ.get("PYSTREAM_TEST_LEGACY_URI",
-                            "rabbitmq-stream://guest:guest@localhost:5562/")
-LATEST_URI = os.environ.get("PYSTREAM_TEST_LATEST_URI",
-                            "rabbitmq-stream://guest:guest@localhost:5582/")
+MODERN_URI = os.environ.get("PYSTREAM_TEST_URI", brokers.MODERN.uri())
+LEGACY_URI = os.environ.get("PYSTREAM_TEST_LEGACY_URI", brokers.LEGACY.uri())
+LATEST_URI = os.environ.get("PYSTREAM_TEST_LATEST_URI", brokers.LATEST.uri())
 BROKERS = {"modern": MODERN_URI, "legacy": LEGACY_URI, "latest": LATEST_URI}
 # Each broker's management API (HTTP, guest from localhost only).
-MANAGEMENT = {"modern": "http://localhost:15672",
-              "legacy": "http://localhost:15682",
-              "latest": "http://localhost:15702"}
+MANAGEMENT = {name: brokers.NODES[name].management_url() for name in BROKERS}
 # Spark's Python workers run this interpreter (the venv's), not "python3".
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -50,9 +45,15 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # Every port a test broker of scripts/broker listens on (stream, TLS, AMQP,
 # management): a test that dials one needs a broker.
-BROKER_PORTS = frozenset({5551, 5552, 5562, 5582, 5571, 5572, 5573,
-                          5672, 5682, 5702, 5691, 5692, 5693,
-                          15671, 15672, 15682, 15702, 15691, 15692, 15693})
+BROKER_PORTS = brokers.LOOPBACK_PORTS
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that runs Spark (the ``spark`` fixture) carries the
+    ``spark`` mark, which ``make check`` leaves out."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(autouse=True)
@@ -183,8 +184,8 @@ def modern_stream(modern, stream_name):
 
 CACHE = pathlib.Path(os.environ.get("PYSTREAM_BROKER_CACHE")
                      or pathlib.Path.home() / ".cache" / "pystream" / "brokers")
-TLS_PORT = 5551
-MANAGEMENT_TLS_PORT = 15671
+TLS_PORT = brokers.MODERN.stream_tls
+MANAGEMENT_TLS_PORT = brokers.MODERN.management_tls
 TLS_URI = f"rabbitmq-stream+tls://guest:guest@localhost:{TLS_PORT}/"
 EXTERNAL_URI = f"rabbitmq-stream+tls://localhost:{TLS_PORT}/"
 

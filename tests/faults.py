@@ -74,8 +74,10 @@ import pystream
 from pystream import aio
 from tools import results
 
+from . import brokers
 from .conftest import MODERN_URI, ROOT, run_broker
 from .soak import Checker, as_binary, bodies, bodies_of, rows_of
+from .waiting import wait_until
 
 N = 20_000            # records per cell
 BATCH = 250           # records per published batch
@@ -104,7 +106,7 @@ USER = "pystream-faults"
 PASSWORD = "pystream-faults-not-a-secret"
 
 _modern = urlsplit(MODERN_URI)
-HOST = f"{_modern.hostname}:{_modern.port or 5552}"
+HOST = f"{_modern.hostname}:{_modern.port or brokers.MODERN.stream}"
 URI = f"rabbitmq-stream://{USER}:{PASSWORD}@{HOST}/"
 URI_NO_PASSWORD = f"rabbitmq-stream://{USER}@{HOST}/"
 
@@ -871,11 +873,12 @@ def pairs(path: Path) -> np.ndarray:
 
 
 def wait_for(what: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
+    """Up to ``timeout`` seconds for ``what``; the cell goes on either way,
+    and its checks of what was read and written tell whether it failed."""
+    try:
+        wait_until(what, timeout, step)
+    except AssertionError:
+        return False
     return True
 
 

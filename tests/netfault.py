@@ -20,14 +20,18 @@ from net2; ``way="out"`` only the first, ``way="in"`` only the second.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import subprocess
 import sys
 from collections.abc import Iterable
 
-NET_PREFIX = "10.89.52"          # scripts/broker's NET_PREFIX
-ADDRESS = {"net1": f"{NET_PREFIX}.11", "net2": f"{NET_PREFIX}.12",
-           "net3": f"{NET_PREFIX}.13", "client": f"{NET_PREFIX}.100"}
-NODES = ("net1", "net2", "net3")
+from .brokers import NETCLUSTER
+from .brokers import NODES as NODES_TABLE
+
+NODES = tuple(node.name for node in NETCLUSTER)
+ADDRESS = {name: NODES_TABLE[name].host for name in (*NODES, "client")}
+NETWORK = ipaddress.ip_network(f"{ADDRESS['client']}/24", strict=False)
+STREAM_PORT = NETCLUSTER[0].stream
 TABLE = "pystream_fault"
 DEVICE = "eth0"                  # each member's end of its veth pair
 TIMEOUT = 10                     # seconds for one nft or tc command
@@ -41,7 +45,7 @@ def namespace(member: str) -> str:
 
 def uri(node: str) -> str:
     """The stream URI of a netcluster node, as seen from the client namespace."""
-    return f"rabbitmq-stream://guest:guest@{ADDRESS[node]}:5552/"
+    return NODES_TABLE[node].uri()
 
 
 def run_in(member: str, *command: str, stdin: str | None = None,
@@ -93,7 +97,7 @@ def loss(member: str, percent: float) -> None:
     if not 0 < percent <= 100:
         raise ValueError(f"percent must be in (0, 100], not {percent}")
     # numgen draws 0..9999 per packet: hundredths of a percent.
-    rule = (f"add rule inet {TABLE} input ip saddr {NET_PREFIX}.0/24 "
+    rule = (f"add rule inet {TABLE} input ip saddr {NETWORK} "
             f"numgen random mod 10000 < {round(percent * 100)} drop")
     _rules(member, [rule])
 
@@ -119,7 +123,7 @@ def show(member: str) -> str:
     return (rules.stdout if rules.returncode == 0 else "") + qdisc.stdout
 
 
-def reachable(source: str, target: str, port: int = 5552, timeout: float = 1.0) -> bool:
+def reachable(source: str, target: str, port: int = STREAM_PORT, timeout: float = 1.0) -> bool:
     """Whether ``source`` can open a TCP connection to ``target``'s port."""
     probe = ("import socket,sys; socket.create_connection("
              f"({ADDRESS[target]!r}, {port}), timeout={timeout})")

@@ -35,8 +35,11 @@ from pystream import protocol as P
 from pystream.client import Client
 from pystream.uri import parse_uri
 
-# Stream port -> AMQP 0-9-1 port of the test brokers (scripts/broker).
-AMQP091_PORTS = {5552: 5672, 5562: 5682, 5582: 5702}
+from .brokers import LATEST, LEGACY, MODERN
+
+# Stream port -> AMQP 0-9-1 port of the test brokers (scripts/brokers.tsv).
+AMQP091_PORTS = {MODERN.stream: MODERN.amqp, LEGACY.stream: LEGACY.amqp,
+                 LATEST.stream: LATEST.amqp}
 
 
 def amqp091_url(stream_uri: str) -> str:
@@ -44,14 +47,14 @@ def amqp091_url(stream_uri: str) -> str:
     ``PYSTREAM_TEST_AMQP091_URI`` (modern) / ``PYSTREAM_TEST_LEGACY_AMQP091_URI``
     (legacy) / ``PYSTREAM_TEST_LATEST_AMQP091_URI`` (latest) when set, else
     the same host and credentials on the AMQP port that ``scripts/broker``
-    gives the broker (5672 for 5552, 5682 for 5562, 5702 for 5582)."""
+    gives the broker (scripts/brokers.tsv)."""
     address = parse_uri(stream_uri)
-    env = {5552: "PYSTREAM_TEST_AMQP091_URI",
-           5562: "PYSTREAM_TEST_LEGACY_AMQP091_URI",
-           5582: "PYSTREAM_TEST_LATEST_AMQP091_URI"}.get(address.port)
+    env = {MODERN.stream: "PYSTREAM_TEST_AMQP091_URI",
+           LEGACY.stream: "PYSTREAM_TEST_LEGACY_AMQP091_URI",
+           LATEST.stream: "PYSTREAM_TEST_LATEST_AMQP091_URI"}.get(address.port)
     if env and os.environ.get(env):
         return os.environ[env]
-    port = AMQP091_PORTS.get(address.port, 5672)
+    port = AMQP091_PORTS.get(address.port, MODERN.amqp)
     q = urllib.parse.quote
     return (f"amqp://{q(address.username, safe='')}:{q(address.password, safe='')}"
             f"@{address.host}:{port}/{q(address.virtual_host, safe='')}")

@@ -25,6 +25,7 @@ from proton.utils import BlockingConnection
 import pystream
 
 from . import amqp_oracle as O
+from . import brokers
 from .conftest import MODERN_URI
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
@@ -33,7 +34,7 @@ COLUMNS = ["properties", "application_properties", "message_annotations",
            "header", "footer"]
 UTC = dt.UTC
 # AMQP 1.0 port of each stream broker.
-AMQP_PORTS = {5552: 5672, 5582: 5702}
+AMQP_PORTS = {node.stream: node.amqp for node in (brokers.MODERN, brokers.LATEST)}
 
 
 def read_rows(uri: str, stream: str, count: int) -> tuple[list[bytes], list[dict]]:

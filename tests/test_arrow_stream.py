@@ -4,7 +4,6 @@ read a stream's records directly, as pyarrow would."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 import pytest
@@ -14,6 +13,7 @@ from pystream.errors import CorruptChunk
 from pystream.spark import read_range
 
 from .conftest import MODERN_URI
+from .waiting import wait_until
 
 duckdb = pytest.importorskip("duckdb")
 pl = pytest.importorskip("polars")
@@ -68,10 +68,7 @@ def handing_over() -> bool:
 
 
 def wait_handed_over(seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while handing_over() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not handing_over()
+    wait_until(lambda: not handing_over(), seconds, 0.01, what="handed over")
 
 
 @pytest.mark.broker

@@ -20,20 +20,24 @@ import time
 
 import pytest
 
-from .conftest import BROKER_SCRIPT, BROKERS, CACHE
+from . import brokers
+from .conftest import BROKER_SCRIPT, BROKERS, CACHE, ROOT
 
 pytestmark = pytest.mark.broker
 
 LOOPBACK = ("127.0.0.1", "[::1]", "::1")
-# Stream replication: osiris listens on 6000-6500 by default; the cluster's
-# nodes get 6100-6399 (scripts/broker cluster_config).
-REPLICATION_PORTS = range(6000, 6501)
-DEFAULT_URIS = {name: f"rabbitmq-stream://guest:guest@localhost:{port}/"
-                for name, port in (("modern", 5552), ("legacy", 5562),
-                                   ("latest", 5582))}
-PORTS = {"modern": (5552, 5672, 15672, 25672, 4369),
-         "legacy": (5562, 5682, 15682, 25682, 4379),
-         "latest": (5582, 5702, 15702, 25702, 4399)}
+DEFAULT_URIS = {name: brokers.NODES[name].uri() for name in BROKERS}
+PORTS = {name: (node.stream, node.amqp, node.management, node.dist, node.epmd)
+         for name, node in brokers.NODES.items() if name in BROKERS}
+
+
+def test_the_docs_table_has_the_ports_of_brokers_tsv():
+    rows = {}
+    for line in (ROOT / "docs" / "brokers.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0] in BROKERS:
+            rows[cells[0]] = tuple(int(cell) for cell in cells[3:8])
+    assert rows == PORTS
 
 
 def pid_of(name: str, kind: str) -> int | None:
@@ -105,7 +109,9 @@ def test_every_listener_of_the_brokers_is_on_loopback():
         found = listeners(descendants(roots))
         print(f"{name}:", *(line for _, _, line in found), sep="\n  ")
         for address, port, line in found:
-            replication = name.startswith("cluster") and port in REPLICATION_PORTS
+            # A cluster node's stream replication listeners (its range in
+            # scripts/brokers.tsv) cannot be bound to one address.
+            replication = port in (brokers.NODES[name].replication or ())
             if address not in LOOPBACK and not replication:
                 wide.append(f"{name}: {line}")
         if name in PORTS:

@@ -3,7 +3,6 @@ without ISA-L chunk CRCs are checked by zlib, without a codec's library a
 sub-batch in that codec is a typed error when it comes (setup.py)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -12,18 +11,25 @@ from pathlib import Path
 import pytest
 
 import pystream
+from tools.sources import build_in_place, source_tree
 
 from .conftest import BUILT_WITHOUT
-from .test_packaging import BUILD_CACHE, DEV_PACKAGES, _in_root, _run, source_tree
+from .test_packaging import (
+    BUILD_CACHE,
+    DEV_PACKAGES,
+    ENGINE_TESTS,
+    _in_root,
+    _run,
+    checkout_tests,
+    debian_root,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_CODEC = ("none", "gzip", "snappy", "lz4", "zstd")
 # The variant keeps snappy, so that its CRC-32C (a table without ISA-L) runs.
 WITHOUT = "isal,lz4,zstd"
 # The broker-free tests of the C core, and what a variant changes.
-CORE_TESTS = ("tests/test_core_amqp.py", "tests/test_core_decode.py",
-              "tests/test_core_encode.py", "tests/test_core_errors.py",
-              "tests/test_core_frame.py", "tests/build_variant_checks.py")
+CORE_TESTS = ("tests/test_core_amqp.py", *ENGINE_TESTS, "tests/build_variant_checks.py")
 
 
 @pytest.mark.skipif(bool(BUILT_WITHOUT), reason="a run against a variant")
@@ -41,11 +47,8 @@ def test_a_build_without_isal_lz4_and_zstd_passes_the_core_tests(tmp_path):
     """The C core's tests pass against a build made without ISA-L, lz4 and
     zstd (-Werror, as make build), those that need lz4 or zstd skipped by
     name, and build_variant_checks.py shows what differs."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYSTREAM_DEV="1", PYSTREAM_WITHOUT=WITHOUT)
     tree = source_tree(tmp_path / "src", "tests", "tools")
-    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                           cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    built = build_in_place(tree, PYSTREAM_DEV="1", PYSTREAM_WITHOUT=WITHOUT)
     assert built.returncode == 0, built.stdout + built.stderr
     core = next((tree / "pystream").glob("_core*.so"))
     linked = subprocess.run(["ldd", str(core)], capture_output=True, text=True).stdout
@@ -53,7 +56,7 @@ def test_a_build_without_isal_lz4_and_zstd_passes_the_core_tests(tmp_path):
     assert not any(lib in linked for lib in ("libisal", "liblz4", "libzstd")), linked
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYSTREAM_TEST_WITHOUT"] = WITHOUT
+    env.update(PYSTREAM_TEST_WITHOUT=WITHOUT, PYSTREAM_TEST_KEEP_LEFTOVERS="1")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "-m", "not broker and not slow", "-rs", *CORE_TESTS],
                          cwd=tree, env=env, capture_output=True, text=True,
@@ -82,8 +85,7 @@ def _project_file() -> dict:
 
 MINIMAL_ROOT = BUILD_CACHE / "trixie-sdist-root"
 MINIMAL_PACKAGES = ("build-essential", "python3-dev", "zlib1g-dev")
-# the C core's tests that need nothing beyond pytest and hypothesis
-MINIMAL_TESTS = tuple(t for t in CORE_TESTS if t != "tests/test_core_amqp.py")
+MINIMAL_TESTS = (*ENGINE_TESTS, "tests/build_variant_checks.py")
 
 
 @pytest.mark.slow
@@ -93,9 +95,7 @@ def test_the_sdist_builds_and_passes_in_a_root_with_only_a_compiler(tmp_path):
     reports zlib's CRC and the codecs none and gzip, and the C core's
     broker-free tests pass against it (those needing another codec are
     skipped by name)."""
-    _run("bash", "-c", ". scripts/lib/debian-mirror.sh; . scripts/lib/debian-root.sh; "
-         'debian_root trixie "$@"', "bash", MINIMAL_ROOT, *MINIMAL_PACKAGES,
-         cwd=ROOT, timeout=1800)
+    debian_root("trixie", MINIMAL_ROOT, *MINIMAL_PACKAGES)
     installed = _in_root(MINIMAL_ROOT, tmp_path, "dpkg-query", "-W", "-f",
                          "${Package} ${Status}\\n")
     have = {line.split()[0] for line in installed.splitlines() if "ok installed" in line}
@@ -128,11 +128,10 @@ def test_the_sdist_builds_and_passes_in_a_root_with_only_a_compiler(tmp_path):
     assert "zlib crc32" in info and "ISA-L" not in info, info
     assert "codecs: none gzip)" in info, info
 
-    for folder in ("tests", "tools"):   # tools: what tests share with bench
-        shutil.copytree(ROOT / folder, tmp_path / "checkout" / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "output"))
+    checkout_tests(tmp_path / "checkout")
     out = _in_root(MINIMAL_ROOT, tmp_path, "sh", "-c",
                    "cd /work/checkout && PYSTREAM_TEST_WITHOUT=isal,lz4,zstd,snappy "
+                   "PYSTREAM_TEST_KEEP_LEFTOVERS=1 "
                    "/work/venv/bin/python -P -m pytest -q -p no:cacheprovider "
                    "--import-mode=append -m 'not broker and not slow' -rs "
                    + " ".join(MINIMAL_TESTS), timeout=1200)

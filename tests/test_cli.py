@@ -27,6 +27,7 @@ import pystream
 import pystream.ranges
 from pystream import cli
 
+from . import brokers
 from .conftest import EXTERNAL_URI, MANAGEMENT, MODERN_URI, TLS_PORT, sigint_default
 
 LINES = [b"hello", b"", "caf\u00e9 \u2615".encode(), b"\xff\xfe not utf-8",
@@ -630,7 +631,7 @@ def test_streams_sends_no_password_over_plain_http_to_another_host(capsys, monke
 
 @pytest.mark.broker
 def test_wrong_password_is_one_line_without_the_password(capsys):
-    bad = "rabbitmq-stream://guest:N0tThePassw0rd@localhost:5552/"
+    bad = brokers.MODERN.uri("guest:N0tThePassw0rd@")
     status, out, err = run(capsys, "--uri", bad, "stats", "anything")
     assert_one_line_error(status, out, err, "authentication failed", "'guest'")
     assert "N0tThePassw0rd" not in out + err

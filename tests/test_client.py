@@ -13,9 +13,10 @@ import pytest
 import pystream
 from pystream import protocol as P
 from pystream.features import FIRST_RELEASE
-from pystream.uri import parse_uri
+from pystream.uri import DEFAULT_PORT, parse_uri
 
 from .conftest import BROKERS, MODERN_URI, broker_ctl, broker_user, run_broker
+from .waiting import wait_until
 
 EXPECTED_VERSION = {"modern": "4.0.", "legacy": "3.10.", "latest": "4.3."}
 
@@ -116,14 +117,9 @@ def test_offsets(client, stream):
     with pytest.raises(pystream.NoOffset):
         client.query_offset(stream, "reader")
     client.store_offset(stream, "reader", 0)
-    deadline = time.monotonic() + 5
-    while True:  # StoreOffset is not answered: poll until it shows
-        try:
-            assert client.query_offset(stream, "reader") == 0
-            break
-        except pystream.NoOffset:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    # StoreOffset is not answered: poll until it shows.
+    wait_until(lambda: client.query_offset(stream, "reader") == 0, 5,
+               ignore=(pystream.NoOffset,))
 
 
 @pytest.mark.broker
@@ -308,12 +304,13 @@ def test_requests_from_many_threads(client):
 
 @pytest.mark.broker
 def test_uri_defaults_reach_the_modern_broker():
-    if MODERN_URI != "rabbitmq-stream://guest:guest@localhost:5552/":
+    if MODERN_URI != f"rabbitmq-stream://guest:guest@localhost:{DEFAULT_PORT}/":
         pytest.skip("modern broker is not on the default address")
     with pystream.connect() as c:
         assert c.server_properties["product"] == "RabbitMQ"
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_silent_broker_is_detected(broker):
     """A broker that stops answering (SIGSTOP) is declared lost after two

@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,12 +35,14 @@ import pytest
 import pystream
 from pystream.pool import Endpoint
 
+from . import brokers
 from .conftest import BROKER_SCRIPT, run_broker
+from .waiting import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-CLUSTER_URI = "rabbitmq-stream://guest:guest@localhost:5571/"
-NODE_OF_PORT = {5571: "cluster1", 5572: "cluster2", 5573: "cluster3"}
+CLUSTER_URI = brokers.CLUSTER[0].uri()
+NODE_OF_PORT = {node.stream: node.name for node in brokers.CLUSTER}
 RATE = 3_000          # messages per second
 BATCH = 100           # messages per send_batch
 BEFORE_FAULT = 4.0    # seconds of traffic before the leader's node stops
@@ -144,16 +145,6 @@ def node_of(endpoint: Endpoint | None) -> str | None:
     return None if endpoint is None else NODE_OF_PORT[endpoint.port]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not after {timeout} s")
-
-
 @pytest.mark.parametrize("victim, how", [
     ("leader", "stop"), ("leader", "kill"), ("leader", "pause"),
     # The replica the consumer reads from: it must move to another node.
@@ -167,10 +158,10 @@ def test_node_loss(cluster: None, victim: str, how: str,
         client.create_stream(stream, initial_cluster_size=3,
                              leader_locator="client-local")
         try:
-            info = wait_for(
+            info = wait_until(
                 lambda: (i := client.metadata(stream)[stream]).leader is not None
                 and len(i.replicas) == 2 and i,
-                30, "a leader and two replicas")
+                30, what="a leader and two replicas")
             leader = node_of(info.leader)
             assert leader == "cluster1"
             assert {node_of(r) for r in info.replicas} == {"cluster2", "cluster3"}
@@ -210,7 +201,7 @@ def test_node_loss(cluster: None, victim: str, how: str,
                 return (name, time.monotonic()) if name not in (None, leader) else None
 
             if victim == "leader":
-                elected, elected_at = wait_for(new_leader, 60, "a new leader")
+                elected, elected_at = wait_until(new_leader, 60, what="a new leader")
             else:
                 elected, elected_at = leader, fault
             node_gone = fault  # a kill or pause acts at once
@@ -224,8 +215,8 @@ def test_node_loss(cluster: None, victim: str, how: str,
             threads[0].join(30)
             producer.flush(timeout=60)
             last_id = publisher.next_id - 1
-            wait_for(lambda: reader.highest >= last_id or reader.errors, 60,
-                     f"the consumer reading up to {last_id}")
+            wait_until(lambda: reader.highest >= last_id or reader.errors, 60,
+                       what=f"the consumer reading up to {last_id}")
             reader.stop.set()
             threads[1].join(30)
             moved_to = node_of(consumer_endpoint(consumer, stream))

@@ -3,7 +3,10 @@ offsets, single active consumer, super streams, filtering, deletion."""
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import datetime as dt
+import itertools
 import threading
 import time
 
@@ -17,6 +20,7 @@ from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 
 from .conftest import MODERN_URI
 from .publishers import amqp091_url, amqp_message, declare_stream_amqp091, publish, publish_rstream
+from .waiting import wait_until
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -82,7 +86,8 @@ def test_read_keeps_the_rest_of_a_chunk(client, filled):
     with client.consumer(filled, offset="first") as consumer:
         seen = []
         while len(seen) < N:
-            part = consumer.read(7, timeout=10)
+            # No more than is left: a read for more waits out its timeout.
+            part = consumer.read(min(7, N - len(seen)), timeout=10)
             assert 0 < part.num_rows <= 7
             seen += part.column("offset").to_pylist()
             assert consumer.position == seen[-1] + 1
@@ -125,11 +130,37 @@ def test_messages_with_binary_bodies_across_chunks(client, filled):
         got += [m.body for m in consumer.messages(timeout=1.0)]
     assert got == bodies(N)
 
-def test_coalesced_batches(client, filled):
+def test_coalesced_batches(client, filled, monkeypatch):
+    """Chunks queued together are handed as batches of several chunks each,
+    up to max_batch_rows."""
+    chunks = count_chunks(monkeypatch)
     with client.consumer(filled, offset="first", max_batch_rows=2000) as consumer:
-        time.sleep(0.5)  # let several chunks queue
-        sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
+        wait_until(lambda: sum(chunks) >= N, 10, what="every chunk queued")
+        batches = list(consumer.batches(timeout=1.0))
+    sizes = [b.num_rows for b in batches]
     assert sum(sizes) == N and max(sizes) <= 2000
+    # The chunk of each offset: a batch whose first and last records are in
+    # different chunks spans several.
+    ends = list(itertools.accumulate(chunks))
+    spans = [bisect.bisect_right(ends, b.column("offset")[-1].as_py())
+             - bisect.bisect_right(ends, b.column("offset")[0].as_py()) + 1
+             for b in batches]
+    assert len(chunks) > 1 and max(spans) > 1, (chunks, sizes)
+
+
+def count_chunks(monkeypatch) -> list[int]:
+    """The record counts of the chunks every consumer receives from now on,
+    in their order."""
+    from pystream.subscription import Subscriptions
+    chunks: list[int] = []
+    arrived = Subscriptions._chunks_arrived
+
+    def counting(self, sub, got):
+        chunks.extend(c.num_records for c in got)
+        return arrived(self, sub, got)
+
+    monkeypatch.setattr(Subscriptions, "_chunks_arrived", counting)
+    return chunks
 
 
 def test_a_record_is_handed_without_waiting_for_more(client, stream):
@@ -148,9 +179,8 @@ def test_queued_small_chunks_join_into_one_batch(client, stream):
     for i in range(20):  # twenty publishes, twenty chunks
         publish(client, stream, [amqp_message(b"%d" % i)])
     with client.consumer(stream, offset="first") as consumer:
-        deadline = time.monotonic() + 10
-        while len(consumer._queue) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)  # all queued: the application fell behind
+        # All queued: the application fell behind.
+        wait_until(lambda: consumer._subs.queued() >= 20, 10, 0.01)
         sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
         assert consumer.position == 20
     assert sizes == [20]
@@ -176,11 +206,9 @@ def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monke
     def joined(body: str) -> pa.RecordBatch:
         with pystream.connect(uri) as fresh, \
                 fresh.consumer(stream, offset="first", body=body) as consumer:
-            deadline = time.monotonic() + 10
-            while len(consumer._queue) < 20 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: consumer._subs.queued() >= 20, 10, 0.01)
             batches = list(consumer.batches(timeout=1.0))
-            assert consumer._decode_options["body"] == "view"  # no copy before the join
+            assert consumer._subs._decode_options["body"] == "view"  # no copy before the join
         assert [b.num_rows for b in batches] == [60]  # one batch of 20 chunks
         return batches[0]
 
@@ -198,19 +226,12 @@ def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monke
 
 
 def test_large_chunks_stay_one_batch_each(client, stream, monkeypatch):
-    from pystream.consumer import JOIN_ROWS, Consumer
-    chunks: list[int] = []
-    arrived = Consumer._chunks_arrived
-
-    def counting(self, sub, got):
-        chunks.extend(c.num_records for c in got)
-        return arrived(self, sub, got)
-
-    monkeypatch.setattr(Consumer, "_chunks_arrived", counting)
+    from pystream.consumer import JOIN_ROWS
+    chunks = count_chunks(monkeypatch)
     n = 4 * JOIN_ROWS
     publish(client, stream, [amqp_message(b"x" * 10)] * n, batch=n)
     with client.consumer(stream, offset="first") as consumer:
-        time.sleep(0.5)
+        wait_until(lambda: sum(chunks) >= n, 10, what="every chunk queued")
         sizes = [b.num_rows for b in consumer.batches(timeout=1.0)]
     assert sum(sizes) == n
     # A chunk over JOIN_ROWS is a batch of its own, as it came (not a copy
@@ -222,17 +243,11 @@ def test_large_chunks_stay_one_batch_each(client, stream, monkeypatch):
 def test_named_consumer_stores_and_resumes(client, filled):
     with client.consumer(filled, offset="first", name="app") as consumer:
         assert consumer.read(1234, timeout=10).num_rows == 1234
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # StoreOffset has no answer
-        try:
-            if client.query_offset(filled, "app") == 1233:
-                break
-        except pystream.NoOffset:
-            pass
-        time.sleep(0.05)
-    assert client.query_offset(filled, "app") == 1233
+    # StoreOffset has no answer.
+    wait_until(lambda: client.query_offset(filled, "app") == 1233, 5,
+               ignore=(pystream.NoOffset,))
     with client.consumer(filled, offset="first", name="app") as consumer:
-        table = consumer.read(N, timeout=10)
+        table = consumer.read(N - 1234, timeout=10)  # more would wait out the timeout
     assert table.column("offset").to_pylist() == list(range(1234, N))
 
 
@@ -242,8 +257,9 @@ def test_manual_store_offset(client, filled):
         consumer.read(10, timeout=10)
         consumer.store_offset()
         consumer.store_offset(3)
-    time.sleep(0.3)
-    assert client.query_offset(filled, "m") == 3
+    # StoreOffset has no answer; the first store (10) may show before the second.
+    wait_until(lambda: client.query_offset(filled, "m") == 3, 10,
+               ignore=(pystream.NoOffset,))
 
 
 @pytest.mark.parametrize("credit", [Credit.on_arrival(2), Credit.on_consumed(1),
@@ -356,15 +372,15 @@ class Boom(Exception):
 def stored_soon(client, stream: str, name: str, expected: int | None) -> int | None:
     """The offset stored for ``name`` (None if none), given up to 5 s to
     become ``expected``: StoreOffset has no answer."""
-    deadline = time.monotonic() + 5
-    while True:
+    def stored() -> int | None:
         try:
-            stored = client.query_offset(stream, name)
+            return client.query_offset(stream, name)
         except pystream.NoOffset:
-            stored = None
-        if stored == expected or time.monotonic() > deadline:
-            return stored
-        time.sleep(0.05)
+            return None
+
+    with contextlib.suppress(AssertionError):  # the caller checks what it got
+        wait_until(lambda: stored() == expected, 5)
+    return stored()
 
 
 def first_after_reopen(client, stream: str, name: str, first: int) -> int:
@@ -580,9 +596,7 @@ def test_the_waiting_thread_reads_and_the_reader_thread_while_it_works(
         assert batch.column("body").to_pylist() == [b"one"]
         assert readers == [threading.current_thread()]
         publish(client, stream, [amqp_message(b"two")])  # not waiting now
-        deadline = time.monotonic() + 10
-        while not consumer._queue and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: consumer._subs.queued(), 10, 0.01)
         assert len(readers) == 2 and readers[1] is not threading.current_thread()
         assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"two"]
 
@@ -620,3 +634,23 @@ def test_a_connection_lost_while_the_application_reads_recovers(client, stream):
         publish(client, stream, [amqp_message(b"after")])
         assert consumer.read(1, timeout=30).column("body").to_pylist() == [b"after"]
         assert consumer._subs[stream].connection is not conn
+
+
+def test_an_unexpected_error_while_resubscribing_ends_the_consumer(
+        client, stream, monkeypatch):
+    """Recovery hits an error no retry cures and that is no StreamError:
+    the consumer ends with it, as a producer's recovery does, rather than
+    its maintenance thread dying and the application waiting for records
+    that never come."""
+    from pystream.subscription import Subscriptions
+    publish(client, stream, [amqp_message(b"before")])
+    with client.consumer(stream, offset="first") as consumer:
+        assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"before"]
+
+        def broken(self, sub):
+            raise ValueError("not a stream error")
+
+        monkeypatch.setattr(Subscriptions, "_subscribe", broken)
+        consumer._subs[stream].on_metadata_update(0x06)  # resubscribe
+        with pytest.raises(ValueError, match="not a stream error"):
+            consumer.read(1, timeout=10)

@@ -45,6 +45,7 @@ from pystream.ranges import stream_bounds
 from .conftest import MODERN_URI, broker_ctl, run_broker
 from .leftovers import MEMORY_STREAM, RECOVERY_STREAM, RSS_STREAM
 from .publishers import fill
+from .waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -63,6 +64,7 @@ def kept_stream(client: pystream.Client, name: str, count: int,
     return name
 
 
+@pytest.mark.slow
 def test_no_record_lost_or_repeated_across_failures():
     n = 1_000_000
     with pystream.connect(MODERN_URI) as client:
@@ -167,6 +169,7 @@ def caught_interrupts(how: str, caplog: pytest.LogCaptureFixture) -> None:
                 if r.levelno >= logging.ERROR and r.name.startswith("pystream")]
 
 
+@pytest.mark.slow
 def test_broker_away_past_recovery_timeout_raises_connection_lost(stream_name):
     with pystream.connect(MODERN_URI, heartbeat=1, connect_timeout=1) as client:
         client.create_stream(stream_name)
@@ -189,6 +192,7 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 def test_slow_application_keeps_memory_bounded():
     budget = 32 << 20
     with pystream.connect(MODERN_URI) as client:
@@ -237,6 +241,7 @@ def read_peaks(uri: str, name: str, total: int, reads: int) -> list[int]:
     return peaks
 
 
+@pytest.mark.slow
 def test_rss_stays_flat_over_30m_records():
     """A long read keeps no state per record: over three reads of the same
     10 M records, peak RSS in the same window does not rise from read to
@@ -324,11 +329,8 @@ def consumer_model(client: pystream.Client, stream: str,
         def open(self) -> None:
             """A consumer of that name, once the broker holds what the
             model says was stored (StoreOffset has no answer)."""
-            deadline = time.monotonic() + 5
-            while self.stored is not None and self.query() != self.stored:
-                assert time.monotonic() < deadline, (
-                    f"stored {self.query()}, the model says {self.stored}")
-                time.sleep(0.02)
+            wait_until(lambda: self.stored is None or self.query() == self.stored, 5, 0.02,
+                       what=f"the stored offset the model says ({self.stored})")
             self.consumer = client.consumer(stream, offset="first", **self.options)
             assert self.consumer.position == (
                 None if self.stored is None else self.stored + 1)

@@ -104,13 +104,14 @@ def test_no_password_in_errors(audit_uri, password):
     wrong = f"wrong-{secrets.token_hex(8)}"
     with pytest.raises(pystream.AuthenticationFailure) as refused:
         pystream.connect(audit_uri.replace(password, wrong))
-    unreachable = audit_uri.replace(":5552/", ":1/").replace(":5552", ":1")
+    port = f":{pystream.parse_uri(audit_uri).port}"
+    unreachable = audit_uri.replace(port, ":1")
     with pytest.raises(pystream.StreamError) as not_there:
         pystream.connect(unreachable, connect_timeout=2)
     with pytest.raises(pystream.StreamError) as no_vhost:
         pystream.connect(audit_uri + "no-such-vhost")
     with pytest.raises(ValueError) as malformed:
-        pystream.connect(audit_uri.replace(":5552", ":port"))
+        pystream.connect(audit_uri.replace(port, ":port"))
     for raised, secret in ((refused, wrong), (not_there, password),
                            (no_vhost, password), (malformed, password)):
         said = everything_said(raised.value)
@@ -205,6 +206,7 @@ def test_a_named_password_variable_missing_is_an_error(monkeypatch):
     assert named.address().password == "from-the-environment"
 
 
+@pytest.mark.spark
 def test_a_spark_executor_without_the_password_variable_fails(
         modern, stream_name, monkeypatch):
     """The variable is set in this process only after the local Spark JVM

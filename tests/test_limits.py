@@ -103,6 +103,7 @@ def test_decompression_limit_is_configurable(modern, bomb):
     assert set(table.column("body").to_pylist()[:1]) == {bytes(MiB)}
 
 
+@pytest.mark.slow
 def test_deliver_size_limit_is_configurable(modern, stream_name):
     modern.create_stream(stream_name)
     with modern.producer(stream_name) as producer:

@@ -25,10 +25,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import pystream
 from pystream import metrics
 from pystream.pool import Endpoint
+from pystream.stream_subscription import Queued
 from pystream.uri import parse_uri
 
 from .conftest import MODERN_URI, sigint_default
 from .test_client import Relay
+from .waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 N = 25_000
@@ -99,17 +101,15 @@ def test_publish_and_consume_counters_equal_the_records(reader, chunk_sizes, mod
     with modern.consumer(s, offset="first", name="counted") as consumer:
         assert consumer.read(N, timeout=30).num_rows == N
         consumer.store_offset()
-        deadline = time.monotonic() + 10
-        while True:
-            # Caught up: the offset-tracking chunks the stores wrote count
-            # in offsets too, and are taken (no rows) as the reads go on.
+
+        def caught_up() -> dict:
+            # The offset-tracking chunks the stores wrote count in offsets
+            # too, and are taken (no rows) as the reads go on.
             assert consumer.read(1, timeout=0.2).num_rows == 0
             data = collect(reader)
-            lag = value(data, "pystream.consumer.lag", **dest)
-            if lag == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert lag == 0
+            return data if value(data, "pystream.consumer.lag", **dest) == 0 else {}
+
+        data = wait_until(caught_up, 10, 0.2, what="consumer lag 0")
         assert value(data, "rabbitmq.stream.consumed", **dest) == N
         chunks = value(data, "rabbitmq.stream.chunks", **dest)
         # chunk_size has no attributes (as in .NET): this consumer's alone.
@@ -255,7 +255,9 @@ def test_records_and_chunks_read_again_after_a_rewind_count_once(
     flaky = pystream.Filter(["none"], match_unfiltered=True, post_filter=failing_once)
     with modern.consumer(s, offset="first", name="rewound", auto_store=False,
                          filter=flaky) as consumer:
-        time.sleep(1)  # every chunk queued, to be dropped
+        # Every chunk queued, to be dropped.
+        wait_until(lambda: sum(q.chunk.num_records for q in list(consumer._subs._queue)
+                               if isinstance(q, Queued)) >= n, 10, 0.01)
         with pytest.raises(RuntimeError):
             consumer.read(n, timeout=10)
         table = consumer.read(n, timeout=10)
@@ -311,14 +313,11 @@ def test_recovery_is_counted_timed_and_logged_once(reader, modern, modern_stream
             producer.send_batch([b"before"] * 100).result(30)
             assert consumer.read(100, timeout=30).num_rows == 100
             relay.drop()
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    producer.send_batch([b"after"] * 10).result(30)
-                    break
-                except pystream.StreamError:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.2)
+            def sent() -> bool:
+                producer.send_batch([b"after"] * 10).result(30)
+                return True
+
+            wait_until(sent, 60, 0.2, ignore=(pystream.StreamError,))
             table = consumer.read(10, timeout=60)
             assert table.column("offset").to_pylist() == list(range(100, 110))
             data = collect(reader)
@@ -378,21 +377,16 @@ def scrape(port: int, until: str, process: subprocess.Popen,
            timeout: float = 60) -> str:
     """The Prometheus text at http://127.0.0.1:PORT/ once it matches
     ``until`` (while ``process`` serves it)."""
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
+    def served() -> str:
         if process.poll() is not None:
             raise AssertionError(f"the command ended: {process.communicate()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                        timeout=5) as answer:
-                text = answer.read().decode()
-            if re.search(until, text, re.M):
-                return text
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"no {until!r} in:\n{text}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                    timeout=5) as answer:
+            text = answer.read().decode()
+        return text if re.search(until, text, re.M) else ""
+
+    return wait_until(served, timeout, 0.2, what=f"{until!r} served",
+                      ignore=(OSError,))
 
 
 @pytest.mark.broker
@@ -424,15 +418,17 @@ def test_metrics_port_serves_prometheus_text(modern, modern_stream):
 
 
 def read_and_store(client, stream: str, name: str, records: int, *,
-                   settle: float = 0.5) -> None:
+                   wait: bool = True) -> None:
     """1000 records in ``stream``; consumer ``name`` reads ``records`` and
-    stores its offset (written without an answer: ``settle`` seconds)."""
+    stores its offset (written without an answer: ``wait`` until it shows)."""
     with client.producer(stream) as producer:
         producer.send_batch([b"x"] * 1000).result(30)
     with client.consumer(stream, offset="first", name=name) as consumer:
         consumer.read(records, timeout=30)
         consumer.store_offset()
-    time.sleep(settle)
+    if wait:
+        wait_until(lambda: client.query_offset(stream, name) == records - 1, 10,
+                   ignore=(pystream.NoOffset,))
 
 
 @pytest.mark.broker
@@ -587,7 +583,7 @@ def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
 @pytest.mark.broker
 def test_watch_serves_its_consumers_over_the_metrics_port(modern, modern_stream):
     s = modern_stream
-    read_and_store(modern, s, "scraped", 400, settle=0)
+    read_and_store(modern, s, "scraped", 400, wait=False)
     port = free_port()
     watch = subprocess.Popen(
         [sys.executable, "-m", "pystream.cli", "--uri", MODERN_URI,

@@ -29,7 +29,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 import pystream
+from tools.sources import source_tree
 
+from . import brokers
 from .conftest import ROOT
 from .golden import GOLDEN, require
 
@@ -47,18 +49,6 @@ CONDA_LIBRARIES = {"isal": "isa-l", "z": "zlib", "lz4": "lz4-c",
 def _project() -> dict:
     """pyproject.toml's ``[project]`` table: the distribution's metadata."""
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-
-
-def source_tree(dest: Path, *folders: str) -> Path:
-    """A copy at ``dest`` of what building the extension in place needs,
-    and of ``folders``, without anything built."""
-    dest.mkdir(parents=True)
-    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, dest / name)
-    skip = shutil.ignore_patterns("*.so", "__pycache__", "_core.c", "output")
-    for name in ("csrc", "pystream", *folders):
-        shutil.copytree(ROOT / name, dest / name, ignore=skip)
-    return dest
 
 
 def _setup_optional() -> dict[str, tuple[str, str]]:
@@ -442,45 +432,91 @@ print("round trip", len(got), sys.version_info[:2])
 """
 
 
+# Roots with CPythons other than this machine's (3.11), none with the
+# libraries' development packages: the modern broker's trixie root (3.13),
+# and a forky root made for them (3.14, 3.15). No Debian suite here has 3.12.
+FORKY_PYTHONS_ROOT = BUILD_CACHE / "forky-pythons-root"
+OTHER_PYTHONS = {"3.13": (OTHER_ROOT, "python3"),
+                 "3.14": (FORKY_PYTHONS_ROOT, "python3.14"),
+                 "3.15": (FORKY_PYTHONS_ROOT, "python3.15")}
+# the C core's broker-free tests that need nothing beyond pytest and hypothesis
+ENGINE_TESTS = ("tests/test_core_decode.py", "tests/test_core_encode.py",
+                "tests/test_core_errors.py", "tests/test_core_frame.py")
+
+
+def debian_root(suite: str, root: Path, *packages: str) -> Path:
+    """``root``, debootstrapped with ``packages`` the first time."""
+    _run("bash", "-c", ". scripts/lib/debian-mirror.sh; . scripts/lib/debian-root.sh; "
+         'debian_root "$@"', "bash", suite, root, *packages, cwd=ROOT, timeout=1800)
+    return root
+
+
+def checkout_tests(dest: Path) -> Path:
+    """A copy of the checkout's tests (and tools/, which they share with
+    bench) to run against an installed package: ``python -P -m pytest
+    --import-mode=append`` from ``dest`` imports the installed pystream."""
+    for folder in ("tests", "tools"):
+        shutil.copytree(ROOT / folder, dest / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "output"))
+    return dest
+
+
 @pytest.mark.slow
 @pytest.mark.broker
-def test_wheel_in_another_python_and_root(dist, tmp_path, modern_stream):
-    """The Debian trixie root of the modern broker: another Python (its
-    python3, not this one) and none of the libraries' development packages.
-    pip installs the package into a fresh venv there from make wheel's
-    wheels and wheels of numpy and pyarrow fetched here for that Python; it
-    picks the stable-ABI wheel, which decodes the golden frames and
+@pytest.mark.parametrize("version", sorted(OTHER_PYTHONS))
+def test_abi3_wheel_in_another_python(dist, tmp_path, modern_stream, version):
+    """Another CPython in a Debian root without the libraries' development
+    packages: pip installs the package into a fresh venv there from make
+    wheel's wheels and wheels of numpy, pyarrow, pytest and hypothesis
+    fetched here for that Python. It picks the stable-ABI wheel, which
+    decodes the golden frames, passes the C core's broker-free tests and
     round-trips 5000 records (zstd sub-batches included) through the modern
     broker."""
-    version = _in_root(OTHER_ROOT, tmp_path, "python3", "-c",
-                       "import sys; print('%d.%d' % sys.version_info[:2])").strip()
-    assert version != "{}.{}".format(*sys.version_info[:2]), version
-    installed = _in_root(OTHER_ROOT, tmp_path, "sh", "-c",
+    root, python = OTHER_PYTHONS[version]
+    if root == FORKY_PYTHONS_ROOT:
+        debian_root("forky", root, "python3.14", "python3.14-venv", "python3.15",
+                    "python3.15-venv")
+    found = _in_root(root, tmp_path, python, "-c",
+                     "import sys; print('%d.%d' % sys.version_info[:2])").strip()
+    assert found == version, found
+    installed = _in_root(root, tmp_path, "sh", "-c",
                          "dpkg-query -W -f='${Package} ${Status}\\n' || true")
     assert not any(line.split()[0] in DEV_PACKAGES and "ok installed" in line
                    for line in installed.splitlines()), installed
-    # pip, numpy and pyarrow for that Python, fetched here (the root's
-    # python3 has no ensurepip: pip runs from its own wheel)
+    # pip and the rest for that Python, fetched here (a root's python3 may
+    # have no ensurepip: pip runs from its own wheel)
     wheels = tmp_path / "wheels"
     _run(sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
          "--python-version", version, "--platform", "manylinux_2_28_x86_64",
-         "--platform", "manylinux2014_x86_64", "-d", wheels,
-         "pip", *_project()["dependencies"], cwd=tmp_path, timeout=600)
+         "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+         "-d", wheels, "pip", *_project()["dependencies"], "pytest", "hypothesis",
+         cwd=tmp_path, timeout=600)
     (pip,) = wheels.glob("pip-*.whl")
     shutil.copy(dist["wheel"], wheels)
     shutil.copy(dist["abi3"], wheels)
     shutil.copy(SMOKE_TEST, tmp_path / "test_decode.py")
     (tmp_path / "round_trip.py").write_text(ROUND_TRIP)
-    _in_root(OTHER_ROOT, tmp_path, "python3", "-m", "venv", "--without-pip", "/work/venv")
-    _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", f"/work/wheels/{pip.name}/pip",
-             "install", "-q", "--no-index", "--find-links", "/work/wheels", DIST_NAME)
-    core = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "-c",
+    _in_root(root, tmp_path, python, "-m", "venv", "--without-pip", "/work/venv")
+    _in_root(root, tmp_path, "/work/venv/bin/python", f"/work/wheels/{pip.name}/pip",
+             "install", "-q", "--no-index", "--find-links", "/work/wheels", DIST_NAME,
+             "pytest", "hypothesis")
+    core = _in_root(root, tmp_path, "/work/venv/bin/python", "-c",
                     "import pystream._core as c; print(c.__file__)").strip()
     assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
-    out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
+    out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
     assert "decodes golden frames" in out
-    uri = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
-    out = _in_root(OTHER_ROOT, tmp_path, "/work/venv/bin/python", "/work/round_trip.py",
+    checkout_tests(tmp_path / "checkout")
+    out = _in_root(root, tmp_path, "sh", "-c",
+                   # its HOME is not ours: it would take itself for the only
+                   # suite running and remove every test stream at its end
+                   "cd /work/checkout && PYSTREAM_TEST_KEEP_LEFTOVERS=1 "
+                   "/work/venv/bin/python -P -m pytest -q "
+                   "-p no:cacheprovider --import-mode=append "
+                   "-m 'not broker and not slow' " + " ".join(ENGINE_TESTS), timeout=1200)
+    summary = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed(, \d+ warnings?)? in .*", summary), out[-3000:]
+    uri = brokers.MODERN.uri(host=brokers.MODERN.host)
+    out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/round_trip.py",
                    uri, modern_stream)
     assert f"round trip 5000 ({version.replace('.', ', ')})" in out, out
 

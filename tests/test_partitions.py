@@ -49,7 +49,7 @@ def netcluster() -> Iterator[None]:
 def run_case(case: str, tmp_path) -> dict[str, Any]:
     out = tmp_path / f"{case}.json"
     done = subprocess.run(
-        ["ip", "netns", "exec", "pystream-client", sys.executable, "-m",
+        ["ip", "netns", "exec", netfault.namespace("client"), sys.executable, "-m",
          "tests.partitions", case, "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT, check=False)
     print(done.stdout)
@@ -107,7 +107,7 @@ def test_netfault_cuts_one_way_both_ways_and_heals(netcluster):
         # One way: net1's packets to the client dropped, the client's arrive
         # (a connection still fails: the answer is lost).
         netfault.cut("net1", "client", way="out")
-        assert "ip daddr 10.89.52.100 drop" in netfault.show("net1")
+        assert f"ip daddr {netfault.ADDRESS['client']} drop" in netfault.show("net1")
         assert not netfault.reachable("client", "net1")
         netfault.heal()
         netfault.rate("net1", "10mbit")

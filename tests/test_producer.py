@@ -20,7 +20,9 @@ import pystream
 from pystream import Filter, PublishError, UnsupportedFeature
 from pystream.confirms import _Batch
 
+from . import brokers
 from .conftest import ROOT
+from .waiting import wait_until
 
 COLUMNS = ["properties", "application_properties", "message_annotations"]
 
@@ -132,7 +134,7 @@ def test_gzip_is_readable_by_rstream(modern, stream_name):
                 if len(got) == len(bodies):
                     done.set()
 
-            async with Consumer("localhost", 5552, username="guest",
+            async with Consumer(brokers.MODERN.advertised, brokers.MODERN.stream, username="guest",
                                 password="guest") as consumer:
                 await consumer.subscribe(
                     stream_name, on_message, decoder=amqp_decoder,
@@ -203,6 +205,7 @@ CRASHING_PUBLISHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
     proc = subprocess.Popen([sys.executable, "-c", CRASHING_PUBLISHER, uri,
@@ -221,6 +224,7 @@ def test_named_producer_does_not_duplicate_after_a_crash(uri, client, stream):
     assert table.column("body").to_pylist() == bodies
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_super_stream_routes_by_murmur3(modern, stream_name):
     modern.create_super_stream(stream_name, partitions=3)
@@ -258,6 +262,7 @@ def test_refused_ids_fail_their_futures():
         batch.message_futures[1].result()
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_producer_resends_after_the_broker_closes_connections(modern, stream_name):
     """A named producer keeps publishing while the broker drops its
@@ -303,9 +308,7 @@ def test_recovery_sends_again_only_frames_not_confirmed(modern, stream_name, mon
             (batch,) = p._confirms.pending
             first = int.from_bytes(memoryview(batch.frames)[9:13], "big")
             assert 0 < first < len(bodies)
-            deadline = time.monotonic() + 30
-            while batch.settled.sum() < first and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: batch.settled.sum() >= first, 30, 0.01)
             assert batch.settled[:first].all() and not batch.settled[first:].any()
             monkeypatch.undo()
             p.on_metadata_update(0x06)  # recovers as after a lost connection
@@ -368,9 +371,7 @@ def test_a_loss_while_recovering_makes_the_recovery_go_round_again(
 
             monkeypatch.setattr(p, "_connect", connect_then_lose_it)
             p.on_metadata_update(0x06)  # as the broker's MetadataUpdate does
-            deadline = time.monotonic() + 30
-            while (p._recovering or len(declared) < 2) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: not p._recovering and len(declared) >= 2, 30)
             assert len(declared) == 2 and not p._recovering
             assert p.send_batch([b"b"]).result(10) == 2
         table = read_all(modern, stream_name, 2)

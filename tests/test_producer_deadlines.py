@@ -18,6 +18,7 @@ from pystream import ConfirmTimeout, ProducerClosed, RequestTimeout, SendTimeout
 from pystream import protocol as P
 
 from .hostile_server import OK, HostileServer
+from .waiting import wait_until
 
 
 class SilentBroker(HostileServer):
@@ -112,9 +113,7 @@ def test_a_callback_that_publishes_does_not_stall_confirms(modern, modern_stream
         first = p.send(b"first")
         first.add_done_callback(
             lambda f: got.append(p.send_batch([b"more"] * 50).result(10)))
-        deadline = time.monotonic() + 15
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: got, 15)
         assert got == [51]
 
 

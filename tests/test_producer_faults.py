@@ -57,6 +57,7 @@ def kill_connections(name: str) -> int:
     return len(pids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["send", "send_batch"])
 def test_every_confirmed_message_is_stored_once_across_dropped_connections(
         modern_stream, path, caplog):

@@ -22,9 +22,10 @@ import pytest
 
 import pystream
 
+from . import brokers
 from .conftest import MODERN_URI, ROOT
 
-DEFAULT_URI = "rabbitmq-stream://guest:guest@localhost:5552/"
+DEFAULT_URI = brokers.MODERN.uri()
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 FENCE = re.compile(r"^```(?P<info>[^`\n]*)\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
 OUTPUT = 'text title="Output"'
@@ -120,7 +121,9 @@ def fresh_streams(code: str) -> None:
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("example", PYTHON, ids=lambda e: e.id)
+@pytest.mark.parametrize("example", [  # the Spark pages' examples start Spark
+    pytest.param(e, id=e.id, marks=[pytest.mark.spark] if "pyspark" in e.code else [])
+    for e in PYTHON])
 def test_python_example(example, monkeypatch):
     monkeypatch.chdir(ROOT)  # examples read the repository's test data
     code = example.code.replace(DEFAULT_URI, MODERN_URI)

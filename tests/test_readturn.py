@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pystream import readturn
 from pystream.readturn import ReadTurn
 
+from .waiting import wait_until
+
 
 def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float]) -> None:
     """What ``Connection._read_loop`` does with the turn, the reads left out."""
@@ -60,10 +62,8 @@ def test_a_lent_turn_comes_back_without_waking_the_reader():
 
         lent = time.monotonic()
         turn.lend()  # the application stays away: the reader takes over
-        deadline = lent + 5
-        while not turns and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert turns and turns[0] - lent >= readturn.LEND_SECONDS
+        wait_until(lambda: turns, 5, 0.001)
+        assert turns[0] - lent >= readturn.LEND_SECONDS
 
         assert turn.app_take(5)  # back from the reader thread, woken from poll
         b.send(b"x")
@@ -116,7 +116,5 @@ def test_a_torn_turn_goes_to_the_reader_whoever_holds_it():
         assert not turns  # held, neither given nor lent
         torn = time.monotonic()
         turn.torn = True  # no notify: what an interrupted thread may leave
-        deadline = torn + 5
-        while not turns and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert turns and turns[0] - torn < readturn.MISSED_WAKEUP_SECONDS + 0.5
+        wait_until(lambda: turns, 5, 0.001)
+        assert turns[0] - torn < readturn.MISSED_WAKEUP_SECONDS + 0.5

@@ -15,11 +15,12 @@ import pytest
 import pystream
 from bench.relay.delay import DelayRelay
 
+from . import brokers
 from .conftest import MODERN_URI
 
 pytestmark = pytest.mark.broker
 
-BROKER = ("localhost", 5552)
+BROKER = (brokers.MODERN.advertised, brokers.MODERN.stream)
 PEER_PROPERTIES = 0x0011
 
 

@@ -22,6 +22,7 @@ from pystream.ranges import (
 )
 
 from .conftest import LEGACY_URI, MODERN_URI
+from .waiting import wait_until
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -125,10 +126,7 @@ def test_exact_tail_counts_a_trailing_tracking_chunk(latest, latest_uri, latest_
     # the exact end still ends (no record of it is ever delivered).
     publish_chunks(latest, latest_stream, [10])
     latest.store_offset(latest_stream, "billing", 4)
-    deadline = time.monotonic() + 5
-    while latest.stream_stats(latest_stream)["committed_offset"] < 10:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: latest.stream_stats(latest_stream)["committed_offset"] >= 10, 5)
     assert stream_bounds(latest, latest_stream).end == 11
     assert stream_bounds(latest, latest_stream, exact=False).end == 10
     ranges = plan_ranges(latest_uri, [latest_stream])

@@ -31,7 +31,7 @@ from pystream.uri import parse_uri
 from .conftest import MODERN_URI
 from .test_spark_sink import killed_write_publishes_every_row_once
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.spark]
 
 SPARK_HOME = pathlib.Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"

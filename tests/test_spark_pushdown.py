@@ -18,11 +18,11 @@ from pyspark.sql.datasource import (
 )
 
 import pystream
-from pystream.consumer import Consumer
 from pystream.ranges import OffsetRange, StreamBounds
 from pystream.spark import RabbitMQStreamDataSource
 from pystream.spark.datasource import _Config, _PushingBatchReader
 from pystream.spark.pushdown import Pushed
+from pystream.subscription import Subscriptions
 
 from .conftest import MODERN_URI, local_spark
 
@@ -69,13 +69,13 @@ def chunks_read(monkeypatch, options: dict, filters: list) -> tuple[int, int, li
     """Chunks received and rows read by a batch read with ``filters``
     pushed, in this process; the filters left to Spark."""
     counted = [0]
-    arrived = Consumer._chunks_arrived
+    arrived = Subscriptions._chunks_arrived
 
     def counting(self, sub, chunks):
         counted[0] += len(chunks)
         return arrived(self, sub, chunks)
 
-    monkeypatch.setattr(Consumer, "_chunks_arrived", counting)
+    monkeypatch.setattr(Subscriptions, "_chunks_arrived", counting)
     source = RabbitMQStreamDataSource({"uri": URI, **options})
     reader = _PushingBatchReader(_Config.parse(source.options, streaming=False),
                                  source.schema())

@@ -36,6 +36,7 @@ from .conftest import (
 )
 from .holding import HoldingProxy
 from .publishers import amqp_message, publish
+from .waiting import wait_until
 
 N = 10_000
 
@@ -296,6 +297,7 @@ def offsets_read(stream: str, start: int, end: int, pause: Pause,
     (1234, PAUSED_N - 777),               # both ends inside chunks
     (PAUSED_N // 3 + 5, PAUSED_N - 3),   # from inside a chunk to the end
 ])
+@pytest.mark.slow
 def test_paused_broker_range_is_exact(colored, start, end):
     """An unfiltered range read is every offset of [start, end) whatever
     pauses the broker; ``filter=None`` is how the Spark source calls it."""
@@ -305,6 +307,7 @@ def test_paused_broker_range_is_exact(colored, start, end):
     assert pause.timer is not None  # the pause did happen in mid-range
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_paused_broker_filtered_range_holds_every_match(colored):
     """The broker's filter skips whole chunks without a word: a pause is
@@ -316,6 +319,7 @@ def test_paused_broker_filtered_range_holds_every_match(colored):
     assert set(blue) <= set(got), f"{len(set(blue) - set(got))} blue rows missing"
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_paused_broker_filtered_range_with_post_filter_is_exact(colored):
     stream, blue, _ = colored
@@ -325,6 +329,7 @@ def test_paused_broker_filtered_range_with_post_filter_is_exact(colored):
                             columns=["application_properties"]) == blue
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_post_filter_that_drops_every_row_is_progress(colored):
     """The broker sends blue chunks whose rows the post filter drops, for
@@ -344,6 +349,7 @@ def test_post_filter_that_drops_every_row_is_progress(colored):
     assert got == kept
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_paused_broker_past_read_timeout_raises(colored):
     """``timeout`` (``readTimeout``) bounds how long a read makes no
@@ -356,6 +362,7 @@ def test_paused_broker_past_read_timeout_raises(colored):
                      credit=pystream.Credit.adaptive(max_buffered_bytes=256 << 10))
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_paused_broker_spark_task_is_exact(colored):
     """A Spark task (the data source's read of one partition) under a pause
@@ -396,6 +403,7 @@ def probed(request):
             client.delete_stream(name, missing_ok=True)
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_plan_is_exact_while_the_broker_holds_back_chunks(probed):
     """A plan is the stream's real bounds, however long the broker takes
@@ -409,6 +417,7 @@ def test_plan_is_exact_while_the_broker_holds_back_chunks(probed):
     assert planned == [OffsetRange(stream, 0, N)]
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_plan_past_its_timeout_raises(probed):
     """A broker that stays away past the planning's timeout raises
@@ -429,10 +438,7 @@ def test_range_of_offset_tracking_chunks_only_ends(latest_uri, latest, stream_na
     latest.create_stream(stream_name)
     try:
         latest.store_offset(stream_name, "reader", 0)
-        deadline = time.monotonic() + 10
-        while latest.stream_stats(stream_name)["committed_chunk_id"] < 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: latest.stream_stats(stream_name)["committed_chunk_id"] >= 0, 10)
         planned = plan_ranges(latest_uri, [stream_name])
         assert planned == [OffsetRange(stream_name, 0, 1)]
         assert [b.num_rows for b in read_range(latest_uri, stream_name, 0, 1,

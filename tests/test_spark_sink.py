@@ -281,6 +281,8 @@ def stored(client, stream) -> int:
 ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "zstd"])
 def test_killed_streaming_write_publishes_every_row_once(modern, streams, tmp_path, compressed):
     # Compressed: the restart also hands the sink Arrow batches of another size.

@@ -29,8 +29,10 @@ from pystream.spark import (
     stream_bounds,
 )
 
+from . import brokers
 from .conftest import EXTERNAL_URI, MODERN_URI, local_spark
 from .holding import HoldingProxy
+from .waiting import wait_until
 
 pytestmark = pytest.mark.broker  # every test here talks to a test broker
 
@@ -118,7 +120,7 @@ def test_header_and_footer_columns(spark, stream_name):
     from proton import Message, symbol
 
     from . import amqp_oracle as O
-    from .test_amqp_conformance import AMQP_PORTS, publish_amqp10
+    from .test_amqp_conformance import publish_amqp10
 
     footer = O.section(O.FOOTER, {symbol("x-sum"): "abc", symbol("x-n"): 7})
     sent = [Message(durable=True, priority=7, ttl=5000, first_acquirer=True,
@@ -128,7 +130,7 @@ def test_header_and_footer_columns(spark, stream_name):
     with pystream.connect(MODERN_URI) as client:
         client.create_stream(stream_name)
         try:
-            publish_amqp10(AMQP_PORTS[5552], stream_name, sent)
+            publish_amqp10(brokers.MODERN.amqp, stream_name, sent)
             with client.consumer(stream_name, offset="first", amqp=False) as consumer:
                 raw = consumer.read(3, timeout=30).column("body").cast(pa.binary()).to_pylist()
             df = source(spark, stream=stream_name, columns="footer,header")
@@ -408,6 +410,8 @@ QUERY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_killed_query_restarts_from_its_checkpoint_exactly_once(
         spark, modern, modern_stream, tmp_path):
     for lo in range(0, 100_000, 10_000):
@@ -420,11 +424,11 @@ def test_killed_query_restarts_from_its_checkpoint_exactly_once(
     child = subprocess.Popen([*args, "trigger"], stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while not (checkpoint / "commits" / "1").exists():
+        def second_batch() -> bool:
             assert child.poll() is None, (tmp_path / "query.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no second micro-batch in 180 s"
-            time.sleep(0.1)
+            return (checkpoint / "commits" / "1").exists()
+
+        wait_until(second_batch, 180, 0.1, what="a second micro-batch")
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the JVM too, mid-way if it can
         child.wait()
@@ -468,6 +472,7 @@ def test_recreated_stream_is_not_skipped(modern, modern_stream, caplog,
     assert bodies == list(range(100))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("read_timeout", [None, "1.5"])
 def test_planning_waits_for_the_broker_or_raises(modern, modern_stream, read_timeout):
     """The source plans a batch from the broker's answers: a broker paused

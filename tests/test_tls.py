@@ -23,6 +23,7 @@ from pystream import (
 )
 from pystream.connection import Connection
 
+from . import brokers
 from .conftest import EXTERNAL_URI, TLS_PORT, TLS_URI, broker_connections
 
 pytestmark = pytest.mark.broker
@@ -168,7 +169,7 @@ def test_external_without_client_certificate_fails(tls_dir):
 
 def test_external_is_not_offered_without_tls(tls_dir):
     with pytest.raises(SaslMechanismNotSupported, match="EXTERNAL is not offered"):
-        pystream.connect("rabbitmq-stream://localhost:5552/",
+        pystream.connect(brokers.MODERN.uri(""),
                          sasl_mechanism="EXTERNAL")
 
 

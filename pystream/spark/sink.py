@@ -54,7 +54,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from ..admin import Admin
+from ..client import Client
 from ..errors import ExactlyOnceError, NoOffset, StreamDoesNotExist
 from ..producer import CODECS, Producer, codec
 from ..ranges import BrokerRef, client_for
@@ -370,14 +370,14 @@ def replay_partitions(streams: Sequence[str], recorded: Sequence[int],
         "the query with a new checkpoint")
 
 
-def _stored_offset(client: Admin, stream: str, reference: str) -> int | None:
+def _stored_offset(client: Client, stream: str, reference: str) -> int | None:
     try:
         return client.query_offset(stream, reference)
     except NoOffset:
         return None
 
 
-def _store_everywhere(client: Admin, streams: Sequence[str], reference: str,
+def _store_everywhere(client: Client, streams: Sequence[str], reference: str,
                       value: int) -> None:
     """Store ``value`` under ``reference`` on ``streams`` and wait until the
     broker answers it back (storing is not acknowledged)."""
@@ -397,7 +397,7 @@ def _store_everywhere(client: Admin, streams: Sequence[str], reference: str,
             time.sleep(0.01)
 
 
-def route_partitions(client: Admin, streams: Sequence[str], reference: str,
+def route_partitions(client: Client, streams: Sequence[str], reference: str,
                      batch: int) -> tuple[str, ...]:
     """The partitions a streaming task of ``batch`` routes by hash: what its
     first attempt recorded under ``reference``, else ``streams``, recorded
@@ -414,7 +414,7 @@ def route_partitions(client: Admin, streams: Sequence[str], reference: str,
     return tuple(streams)
 
 
-def next_job(client: Admin, streams: Sequence[str], producer_name: str) -> int:
+def next_job(client: Client, streams: Sequence[str], producer_name: str) -> int:
     """A job number past every job the broker knows under ``producer_name``
     on ``streams``: the counter kept there (an offset of
     ``{producer_name}-jobs``), and the jobs its partition 0 wrote (numbered
@@ -455,10 +455,12 @@ class _Task:
         p = self.producers.get(stream)
         if p is None:
             c = self.config
-            p = Producer(self.client, stream, name=self.name,
-                         compression=codec(c.compression), sub_batch_size=c.sub_batch_size,
-                         max_in_flight=c.max_in_flight, amqp=c.amqp)
-            self.producers[stream] = p
+            made = self.client.producer(stream, name=self.name,
+                                        compression=codec(c.compression),
+                                        sub_batch_size=c.sub_batch_size,
+                                        max_in_flight=c.max_in_flight, amqp=c.amqp)
+            assert isinstance(made, Producer)  # given a stream, not super_stream=
+            self.producers[stream] = p = made
         return p
 
     def publish(self, batch: pa.RecordBatch) -> None:

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Installation half of scripts/broker (sourced by it): host packages, the
 # Debian mirror, and the debootstrapped Debian roots the nodes run in.
 # Uses CACHE, NODE_PATH, log, die from scripts/broker.
@@ -75,6 +76,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 # leaves /dev bound inside the cache (where an rm -rf would reach the host's
 # devices), and `down` has nothing to unmount.
 chroot_prefix() {
+    # shellcheck disable=SC2016  # expanded by the inner sh
     CHROOT=(unshare --mount --propagation private -- sh -ec '
         root=$1 state=$2 hosts=$3
         shift 3
@@ -125,6 +127,7 @@ build_root() {
     run_logged "$logfile" retry 3 "${apt[@]}" install -y --no-install-recommends rabbitmq-server
     run_logged "$logfile" "${apt[@]}" clean
     mv -T "$tmp" "$root"
+    # shellcheck disable=SC2016  # a dpkg-query format, not a variable
     log "$suite root ready: $(chroot "$root" dpkg-query -W -f='rabbitmq-server ${Version}' rabbitmq-server)"
 }
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts that debootstrap Debian roots (scripts/broker,
 # scripts/build-wheel): where the Debian archive is, read from this machine's
 # apt sources so that no mirror is written into the repository.

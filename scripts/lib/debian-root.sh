@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts that build in, or test in, debootstrapped Debian roots
 # (scripts/build-wheel, scripts/test-root). Needs root: debootstrap, chroot
 # and mounts. Expects scripts/lib/debian-mirror.sh sourced beforehand.
@@ -34,13 +35,17 @@ _debootstrap_into() {
     mirror=$(debian_mirror)
     packages=$(IFS=,; echo "$*")
     [[ -z $arch ]] || foreign=(--foreign "--arch=$arch")
+    # a debootstrap older than the suite has no script of its own for it:
+    # sid's serves every later suite
+    local script=/usr/share/debootstrap/scripts/$suite
+    [[ -e $script ]] || script=/usr/share/debootstrap/scripts/sid
     mkdir -p "$(dirname "$dir")"
     rm -rf "$dir.tmp"
     echo "[root] debootstrapping Debian $suite ${arch:+$arch }into $dir (first run only, a few minutes; log: $log)"
     # Debian's keyring on the host signs bullseye to trixie: insist on checking.
     if ! unshare --mount --propagation private -- debootstrap "${foreign[@]}" --variant=minbase \
             --force-check-gpg --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
-            --include="$packages" "$suite" "$dir.tmp" "$mirror" </dev/null >"$log" 2>&1; then
+            --include="$packages" "$suite" "$dir.tmp" "$mirror" "$script" </dev/null >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         echo "error: debootstrap $suite ${arch:+$arch }failed (log: $log)" >&2
         return 1
@@ -70,6 +75,7 @@ in_debian_root() {
     local dir=$1 work=$2
     shift 2
     mkdir -p "$dir/work"
+    # shellcheck disable=SC2016  # expanded by the inner sh
     unshare --mount --propagation private -- sh -ec '
         root=$1 work=$2
         shift 2

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/fuzz and scripts/fuzz-dispatch: the corpus a harness
 # keeps in the repository is one archive (fuzz/*.tar.xz, a libFuzzer
 # -merge=1 of earlier runs and their findings) rather than hundreds of files.
