@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 import pystream
-from tools.sources import source_tree
+from tools.sources import copy_tests, source_tree
 
 from . import brokers
 from .conftest import ROOT
@@ -451,16 +451,6 @@ def debian_root(suite: str, root: Path, *packages: str) -> Path:
     return root
 
 
-def checkout_tests(dest: Path) -> Path:
-    """A copy of the checkout's tests (and tools/, which they share with
-    bench) to run against an installed package: ``python -P -m pytest
-    --import-mode=append`` from ``dest`` imports the installed pystream."""
-    for folder in ("tests", "tools"):
-        shutil.copytree(ROOT / folder, dest / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "output"))
-    return dest
-
-
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.parametrize("version", sorted(OTHER_PYTHONS))
@@ -505,7 +495,7 @@ def test_abi3_wheel_in_another_python(dist, tmp_path, modern_stream, version):
     assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
     out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
     assert "decodes golden frames" in out
-    checkout_tests(tmp_path / "checkout")
+    copy_tests(tmp_path / "checkout")
     out = _in_root(root, tmp_path, "sh", "-c",
                    # its HOME is not ours: it would take itself for the only
                    # suite running and remove every test stream at its end

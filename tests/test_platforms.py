@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -27,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from tools import results
+from tools.sources import copy_tests
 
-from .conftest import ROOT
 from .test_packaging import BUILD_CACHE, _clean_env, _project, _run, check_ldd, dist  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -68,17 +67,6 @@ def emulated(site: Path, *args: object, cwd: Path, also: Path | None = None,
     env["OPENBLAS_NUM_THREADS"] = "1"
     return _run(QEMU, "-L", ARM_ROOT, ARM_PYTHON, "-P", *args, cwd=cwd, env=env,
                 timeout=timeout)
-
-
-def checkout_copy(dest: Path) -> Path:
-    """tests/, tools/ and bench/'s Python (and pytest's settings) without the
-    package: the installed one is what they import."""
-    dest.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", dest)
-    skip = shutil.ignore_patterns("__pycache__", "output", "results", "relay", "wire")
-    for name in ("tests", "tools", "bench"):
-        shutil.copytree(ROOT / name, dest / name, ignore=skip)
-    return dest
 
 
 INFO = """
@@ -125,7 +113,7 @@ def test_core_tests_pass_emulated(arm_site, tmp_path):
     """The C core's broker-free tests, under qemu, against the installed
     aarch64 wheel (python -P and pytest's append import mode: the copy of
     the tests comes last on the path)."""
-    work = checkout_copy(tmp_path / "checkout")
+    work = copy_tests(tmp_path / "checkout")
     out = emulated(arm_site, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                    "--import-mode=append", "-m", "not broker and not slow",
                    *(f"tests/{name}" for name in CORE_TESTS), cwd=work, timeout=1800)
@@ -189,7 +177,7 @@ def test_decode_rate_native_and_emulated(dist, arm_site, tmp_path):  # noqa: F81
     msg/s. No target: emulation is slow; stored with
     PYSTREAM_PLATFORM_RESULTS."""
     info = results.machine(None)  # the load before the runs
-    work = checkout_copy(tmp_path / "checkout")
+    work = copy_tests(tmp_path / "checkout")
     (work / "rate.py").write_text(RATE)
     native_site = tmp_path / "native-site"
     _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
