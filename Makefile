@@ -8,7 +8,7 @@ SOAK_SECONDS ?= 600
 # Every bash script (the ones without a .sh suffix start with a bash shebang).
 SHELL_SCRIPTS := $(shell grep -l -d skip '^\#!/usr/bin/env bash' scripts/* .ci/*) scripts/lib/*.sh
 
-.PHONY: demo test check unit lint build deps brokers docs wheel sdist fuzz soak faults partitions bench clean
+.PHONY: demo test check unit lint build deps brokers docs wheel sdist fuzz soak faults partitions platforms bench clean
 
 deps:
 	scripts/install-deps
@@ -46,9 +46,10 @@ check: lint build brokers
 docs: deps
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-# dist/: the sdist and a manylinux wheel (cp311-abi3) that bundles ISA-L,
-# zlib, lz4, zstd and snappy, compiled against a Debian bullseye root
-# (glibc 2.31) debootstrapped once into ~/.cache/pystream/build.
+# dist/: the sdist and manylinux wheels (x86-64 cpXY and cp311-abi3,
+# aarch64 cp311-abi3 cross-compiled) that bundle ISA-L, zlib, lz4, zstd and
+# snappy, compiled against Debian bullseye roots (glibc 2.31) made once in
+# ~/.cache/pystream/build.
 wheel: deps
 	scripts/build-wheel dist
 
@@ -100,6 +101,14 @@ faults: build brokers
 partitions: build
 	PYSTREAM_PARTITION_RESULTS=bench/results/partitions.json $(PY) -m pytest tests/test_partitions.py -v
 	$(PY) -m bench.report
+
+# The aarch64 wheel of make wheel under qemu-user (tests/test_platforms.py):
+# the C core's broker-free tests, a consumer of the modern broker, the CRC
+# code it reports; the decode rate natively and emulated is stored in
+# bench/results/platforms.json. The first run unpacks the arm64 Debian
+# roots into ~/.cache/pystream/build.
+platforms: deps brokers
+	PYSTREAM_PLATFORM_RESULTS=bench/results/platforms.json $(PY) -m pytest tests/test_platforms.py -v --durations=10
 
 # Decode speed (no broker), then reading and publishing end to end against
 # the modern broker beside rbfly, rstream and the C reference clients

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import pystream
-from tools.sources import build_in_place, source_tree
+from tools.sources import build_in_place, copy_tests, source_tree
 
 from .conftest import BUILT_WITHOUT
 from .test_packaging import (
@@ -20,7 +20,6 @@ from .test_packaging import (
     ENGINE_TESTS,
     _in_root,
     _run,
-    checkout_tests,
     debian_root,
 )
 
@@ -47,7 +46,7 @@ def test_a_build_without_isal_lz4_and_zstd_passes_the_core_tests(tmp_path):
     """The C core's tests pass against a build made without ISA-L, lz4 and
     zstd (-Werror, as make build), those that need lz4 or zstd skipped by
     name, and build_variant_checks.py shows what differs."""
-    tree = source_tree(tmp_path / "src", "tests", "tools")
+    tree = source_tree(tmp_path / "src", with_tests=True)
     built = build_in_place(tree, PYSTREAM_DEV="1", PYSTREAM_WITHOUT=WITHOUT)
     assert built.returncode == 0, built.stdout + built.stderr
     core = next((tree / "pystream").glob("_core*.so"))
@@ -128,7 +127,7 @@ def test_the_sdist_builds_and_passes_in_a_root_with_only_a_compiler(tmp_path):
     assert "zlib crc32" in info and "ISA-L" not in info, info
     assert "codecs: none gzip)" in info, info
 
-    checkout_tests(tmp_path / "checkout")
+    copy_tests(tmp_path / "checkout")
     out = _in_root(MINIMAL_ROOT, tmp_path, "sh", "-c",
                    "cd /work/checkout && PYSTREAM_TEST_WITHOUT=isal,lz4,zstd,snappy "
                    "PYSTREAM_TEST_KEEP_LEFTOVERS=1 "

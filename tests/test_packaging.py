@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 import pystream
-from tools.sources import source_tree
+from tools.sources import copy_tests, source_tree
 
 from . import brokers
 from .conftest import ROOT
@@ -300,27 +300,41 @@ def _in_root(root: Path, work: Path, *cmd: str, timeout: float = 600) -> str:
                 timeout=timeout)
 
 
+# make wheel's output, built once for the session: tests/test_platforms.py
+# imports the fixture, which pytest sets up again for that module.
+_BUILT: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> dict[str, Path]:
-    """``make wheel``'s output for this checkout, built once for the module:
-    the sdist, the wheel for this Python's version and the stable-ABI one."""
-    out = tmp_path_factory.mktemp("dist")
+    """``make wheel``'s output for this checkout: the sdist, the wheel for
+    this Python's version, the stable-ABI one and the stable-ABI one for
+    aarch64 (tests/test_platforms.py runs it)."""
+    if not _BUILT:
+        _BUILT.update(_make_wheel(tmp_path_factory.mktemp("dist")))
+    return dict(_BUILT)
+
+
+def _make_wheel(out: Path) -> dict[str, Path]:
     env = _clean_env()
     env["PYTHON"] = sys.executable
     log = _run(ROOT / "scripts" / "build-wheel", out, cwd=ROOT, env=env,
                timeout=1200)
     print(log)
     (wheel,) = out.glob(f"*-{CPYTHON}-{CPYTHON}-*.whl")
-    (abi3,) = out.glob("*-cp311-abi3-*.whl")
+    (abi3,) = out.glob("*-cp311-abi3-*_x86_64.whl")
+    (aarch64,) = out.glob("*-cp311-abi3-*_aarch64.whl")
     (sdist,) = out.glob("*.tar.gz")
-    assert len(list(out.iterdir())) == 3, list(out.iterdir())
-    return {"wheel": wheel, "abi3": abi3, "sdist": sdist}
+    assert len(list(out.iterdir())) == 4, list(out.iterdir())
+    return {"wheel": wheel, "abi3": abi3, "aarch64": aarch64, "sdist": sdist}
 
 
 CPYTHON = "cp{}{}".format(*sys.version_info[:2])
 # the extension's file name in each wheel
 CORE = {"wheel": f"_core.cpython-{CPYTHON[2:]}-x86_64-linux-gnu.so",
-        "abi3": "_core.abi3.so"}
+        "abi3": "_core.abi3.so", "aarch64": "_core.abi3.so"}
+# ELF e_machine of each wheel's extension
+ELF_MACHINE = {"wheel": 62, "abi3": 62, "aarch64": 183}
 
 
 def _platform_tags(wheel: Path) -> list[str]:
@@ -329,20 +343,23 @@ def _platform_tags(wheel: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["wheel", "abi3"])
+@pytest.mark.parametrize("kind", ["wheel", "abi3", "aarch64"])
 def test_wheel_is_manylinux_and_bundles_the_libraries(dist, kind):
     wheel = dist[kind]
     name, version, python, abi, _ = wheel.name.split("-")
     assert (name, version) == (DIST_NAME.replace("-", "_"), pystream.__version__)
     assert (python, abi) == ((CPYTHON, CPYTHON) if kind == "wheel" else ("cp311", "abi3"))
     for tag in _platform_tags(wheel):
-        m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", tag)
+        arch = "aarch64" if kind == "aarch64" else "x86_64"
+        m = re.fullmatch(rf"manylinux_(\d+)_(\d+)_{arch}", tag)
         assert m and (int(m[1]), int(m[2])) <= (2, 31), tag
     names = zipfile.ZipFile(wheel).namelist()
     libs = [n.split("/")[-1] for n in names if n.startswith("pystream_rabbitmq.libs/")]
     for lib in BUNDLED:
         assert any(n.startswith(lib + "-") for n in libs), (lib, libs)
     assert f"pystream/{CORE[kind]}" in names
+    elf = zipfile.ZipFile(wheel).read(f"pystream/{CORE[kind]}")
+    assert struct.unpack_from("<H", elf, 18)[0] == ELF_MACHINE[kind]
     assert "pystream/py.typed" in names and "pystream/_core.pyi" in names
     assert "pystream/spark/__init__.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
@@ -361,10 +378,17 @@ def test_wheel_links_on_glibc_2_31(dist, tmp_path, kind):
     zipfile.ZipFile(dist[kind]).extractall(tmp_path / "wheel")
     out = _in_root(BULLSEYE_ROOT, tmp_path, "ldd", "-r",
                    f"/work/wheel/pystream/{CORE[kind]}")
+    check_ldd(out, "/work/wheel/")
+
+
+def check_ldd(out: str, wheel: str) -> None:
+    """``ldd -r``'s account of the extension of a wheel unpacked at
+    ``wheel``: no symbol version or library missing, no shared zlib, the
+    bundled libraries from the wheel, only Python's symbols undefined."""
     assert "GLIBC" not in out and "not found" not in out, out
     assert "libz.so" not in out, out
     for lib in BUNDLED:
-        assert re.search(rf"^\s*{lib}-\w+\.so\S* => /work/wheel/\S*pystream_rabbitmq\.libs/",
+        assert re.search(rf"^\s*{lib}-\w+\.so\S* => {re.escape(wheel)}\S*pystream_rabbitmq\.libs/",
                          out, re.M), (lib, out)
     undefined = re.findall(r"undefined symbol: (\S+)", out)
     assert undefined and all(s.startswith(("Py", "_Py")) for s in undefined), undefined
@@ -427,16 +451,6 @@ def debian_root(suite: str, root: Path, *packages: str) -> Path:
     return root
 
 
-def checkout_tests(dest: Path) -> Path:
-    """A copy of the checkout's tests (and tools/, which they share with
-    bench) to run against an installed package: ``python -P -m pytest
-    --import-mode=append`` from ``dest`` imports the installed pystream."""
-    for folder in ("tests", "tools"):
-        shutil.copytree(ROOT / folder, dest / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "output"))
-    return dest
-
-
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.parametrize("version", sorted(OTHER_PYTHONS))
@@ -481,7 +495,7 @@ def test_abi3_wheel_in_another_python(dist, tmp_path, modern_stream, version):
     assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
     out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
     assert "decodes golden frames" in out
-    checkout_tests(tmp_path / "checkout")
+    copy_tests(tmp_path / "checkout")
     out = _in_root(root, tmp_path, "sh", "-c",
                    # its HOME is not ours: it would take itself for the only
                    # suite running and remove every test stream at its end
@@ -524,10 +538,11 @@ def _declared_minimums() -> list[str]:
 
 
 # broker-free tests that need more than the package and pytest: the spark
-# extra, this file's renderers, the documentation's broker
+# extra, this file's renderers (test_platforms imports them), the
+# documentation's broker
 ORACLES = ("rbfly", "rstream", "python-qpid-proton", "opentelemetry-sdk")
-NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_readme.py",
-                     "test_build_options.py")
+NOT_WITH_MINIMUMS = ("test_spark_*.py", "test_packaging.py", "test_platforms.py",
+                     "test_readme.py", "test_build_options.py")
 
 
 @pytest.mark.slow

@@ -7,10 +7,58 @@
 # (and their dependencies) into DIR.tmp, renamed to DIR only when complete:
 # an existing DIR is a finished root and is kept. Logs to DIR.log.
 debian_root() {
-    local suite=$1 dir=$2 mirror log=$2.log packages
+    local suite=$1 dir=$2
     shift 2
+    _debootstrap_into "$suite" "$dir" "" "$@"
+}
+
+# debian_foreign_root ARCH SUITE DIR PACKAGE...: the files of PACKAGEs (and
+# their dependencies, and the suite's required ones) for another
+# architecture ARCH, unpacked into DIR: a cross compiler's --sysroot, or the
+# root qemu-user finds an emulated program's libraries in (-L DIR). Nothing
+# is configured: debootstrap's second stage would run ARCH's programs, which
+# needs binfmt. Its first stage resolves and checks the packages and
+# unpacks the required ones; the rest are unpacked here. DIR as debian_root.
+debian_foreign_root() {
+    local arch=$1 suite=$2 dir=$3
+    shift 3
+    _debootstrap_into "$suite" "$dir" "$arch" "$@"
+}
+
+# _debootstrap_into SUITE DIR ARCH PACKAGE...: ARCH empty for the host's.
+_debootstrap_into() {
+    local suite=$1 dir=$2 arch=$3 log=$2.log mirror packages deb foreign=()
+    shift 3
     [[ -d $dir ]] && return
-    [[ $EUID -eq 0 ]] || { echo "error: building the $suite root needs root" >&2; return 1; }
+    [[ $EUID -eq 0 ]] || { echo "error: building the $suite ${arch:+$arch }root needs root" >&2; return 1; }
+    _debootstrap_installed
+    mirror=$(debian_mirror)
+    packages=$(IFS=,; echo "$*")
+    [[ -z $arch ]] || foreign=(--foreign "--arch=$arch")
+    # a debootstrap older than the suite has no script of its own for it:
+    # sid's serves every later suite
+    local script=/usr/share/debootstrap/scripts/$suite
+    [[ -e $script ]] || script=/usr/share/debootstrap/scripts/sid
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir.tmp"
+    echo "[root] debootstrapping Debian $suite ${arch:+$arch }into $dir (first run only, a few minutes; log: $log)"
+    # Debian's keyring on the host signs bullseye to trixie: insist on checking.
+    if ! unshare --mount --propagation private -- debootstrap "${foreign[@]}" --variant=minbase \
+            --force-check-gpg --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+            --include="$packages" "$suite" "$dir.tmp" "$mirror" "$script" </dev/null >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        echo "error: debootstrap $suite ${arch:+$arch }failed (log: $log)" >&2
+        return 1
+    fi
+    if [[ -n $arch ]]; then
+        for deb in "$dir.tmp"/var/cache/apt/archives/*.deb; do
+            dpkg-deb -x "$deb" "$dir.tmp"
+        done
+    fi
+    mv -T "$dir.tmp" "$dir"
+}
+
+_debootstrap_installed() {
     local missing=() pkg
     for pkg in debootstrap debian-archive-keyring; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
@@ -18,24 +66,6 @@ debian_root() {
     if ((${#missing[@]})); then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
-    mirror=$(debian_mirror)
-    packages=$(IFS=,; echo "$*")
-    # a debootstrap older than the suite has no script of its own for it:
-    # sid's serves every later suite
-    local script=/usr/share/debootstrap/scripts/$suite
-    [[ -e $script ]] || script=/usr/share/debootstrap/scripts/sid
-    mkdir -p "$(dirname "$dir")"
-    rm -rf "$dir.tmp"
-    echo "[root] debootstrapping Debian $suite into $dir (first run only, a few minutes; log: $log)"
-    # Debian's keyring on the host signs bullseye to trixie: insist on checking.
-    if ! unshare --mount --propagation private -- debootstrap --variant=minbase \
-            --force-check-gpg --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
-            --include="$packages" "$suite" "$dir.tmp" "$mirror" "$script" </dev/null >"$log" 2>&1; then
-        tail -n 20 "$log" >&2
-        echo "error: debootstrap $suite failed (log: $log)" >&2
-        return 1
-    fi
-    mv -T "$dir.tmp" "$dir"
 }
 
 # in_debian_root DIR HOSTDIR CMD...: run CMD chrooted in DIR with /proc, /dev
