@@ -259,7 +259,14 @@ class Consumer:
         (never, with None) or when the consumer is closed."""
         while True:
             self._completed()
-            batch = self._next_batch(timeout)
+            taken: dict[Subscription, int | None] = {}
+            try:
+                batch = self._next_batch(timeout, None, taken)
+            except BaseException:
+                # Interrupted after the take, on the way out of _next_batch
+                # (before the yield, no call can be interrupted).
+                self._give_back(taken)
+                raise
             if batch is None:
                 return
             yield batch

@@ -30,6 +30,8 @@ import select
 import threading
 import time
 
+from . import locks
+
 _POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
 #: How long an application thread that lent the turn keeps it from the
 #: reader thread: handing the turn over and back costs three thread
@@ -44,7 +46,8 @@ class ReadTurn:
     reader thread and application threads waiting for data."""
 
     def __init__(self, fd: int) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.RLock()  # held as itself: see locks
+        self._cond = threading.Condition(self._lock)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -65,18 +68,18 @@ class ReadTurn:
     def reader_take(self) -> None:
         """Wait until no application thread wants the turn, and take it
         (from one that lent it once the loan is over)."""
-        with self._cond:
+        with self._lock:
             while (self.wanted or self._holder is not None) and not self.torn:
                 if self.wanted or self._lent_until is None:
                     # Timed: an interrupt in an application thread (a
                     # KeyboardInterrupt it catches) may skip a notify, or
                     # tear a read and leave it holding the turn.
-                    self._cond.wait(MISSED_WAKEUP_SECONDS)
+                    locks.wait(self._cond, MISSED_WAKEUP_SECONDS)
                     continue
                 left = self._lent_until - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                locks.wait(self._cond, left)
             self._take()
 
     def _take(self) -> None:
@@ -91,7 +94,7 @@ class ReadTurn:
         """Give the turn back if this thread holds it (the reader thread
         after its reads, an application thread once it has what it read;
         a no-op for a thread that holds it no longer)."""
-        with self._cond:
+        with self._lock:
             if self._holder == threading.get_ident():
                 self._holder = None
                 self._lent_until = None
@@ -101,7 +104,7 @@ class ReadTurn:
         """Keep the turn for ``LEND_SECONDS`` without reading (an
         application thread that has its batch), then let the reader thread
         take it; a no-op for a thread that holds it no longer."""
-        with self._cond:
+        with self._lock:
             if self._holder == threading.get_ident():
                 self._lent_until = time.monotonic() + LEND_SECONDS
                 self._cond.notify_all()
@@ -109,14 +112,14 @@ class ReadTurn:
     def end(self) -> None:
         """The reader thread leaves (the socket shut down): nobody reads
         again, and the pipe goes."""
-        with self._cond:
+        with self._lock:
             self._ended = True
             self._holder = None
             self._cond.notify_all()
             # An application thread may have taken the turn on the way out:
             # the socket is shut down, so it gives it back at once (or it
             # lent it, and reads no more until it takes it again).
-            self._cond.wait_for(self._free)
+            locks.wait_for(self._cond, self._free, None)
             self._holder = self._lent_until = None
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -127,7 +130,7 @@ class ReadTurn:
         """Take the turn from the reader thread (waking it from ``poll``);
         False if it did not come within ``timeout`` or nobody reads any
         more."""
-        with self._cond:
+        with self._lock:
             if self._ended:
                 return False
             if self._holder == threading.get_ident() or self._lent_until is not None:
@@ -137,7 +140,7 @@ class ReadTurn:
             try:
                 if self._holder is not None:
                     self._wake()
-                self._cond.wait_for(lambda: self._free() or self._ended, timeout)
+                locks.wait_for(self._cond, lambda: self._free() or self._ended, timeout)
                 free = self._free() and not self._gone()
                 if free:
                     self._take()
@@ -155,7 +158,7 @@ class ReadTurn:
     def interrupt(self) -> None:
         """Wake the holder from ``poll`` (from another thread): the
         application it reads for stopped waiting."""
-        with self._cond:
+        with self._lock:
             holder = self._holder
             if holder is not None and holder != threading.get_ident():
                 self._wake()

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import locks
 from . import protocol as P
 from ._core import Chunk
 from .credit import Credit, subscribe_credit
@@ -31,6 +32,7 @@ from .stream_subscription import End, Queued, Subscription, cost
 
 if TYPE_CHECKING:
     from .admin import Admin
+    from .connection import Connection
 
 log = logging.getLogger("pystream.consumer")
 
@@ -116,7 +118,7 @@ class Subscriptions:
         decode it now, counted against the credit's budget (see
         ``CreditController.admit``). One that will be dropped is not
         decoded."""
-        with self._cond:
+        with self._lock:
             if not sub.live or not sub.active or self._ended:
                 return False
             fits = sub.credit.admit(chunk.size, chunk.decoded_size)
@@ -126,7 +128,7 @@ class Subscriptions:
     def _chunks_arrived(self, sub: Subscription, chunks: list[Chunk]) -> None:
         """Queue what one read brought: one lock and one wake-up for all."""
         n = 0
-        with self._cond:
+        with self._lock:
             live = sub.live and sub.active
             for chunk in chunks:
                 if chunk.ticket is None:
@@ -186,7 +188,7 @@ class Subscriptions:
             self._write_credit(sub, n)
 
     def _write_credit(self, sub: Subscription, n: int) -> None:
-        with self._cond:
+        with self._lock:
             n = sub.credit.claim(n)
             conn = sub.connection if sub.live else None
             subscription_id = sub.subscription_id
@@ -216,7 +218,7 @@ class Subscriptions:
         """End the consumer: ``error`` is raised to the application once the
         records queued before it were taken (or at once); with None,
         iteration just ends there."""
-        with self._cond:
+        with self._lock:
             if self._closed or self._ended:
                 return
             self._stop(error, after_queue=after_queue)
@@ -234,7 +236,7 @@ class Subscriptions:
         self._interrupt_reads()
 
     def _broken(self, sub: Subscription, cause: str) -> None:
-        with self._cond:
+        with self._lock:
             if not sub.live or self._closed:
                 return
             self._break(sub, cause)
@@ -263,7 +265,7 @@ class Subscriptions:
         ``KeyboardInterrupt`` the application catches and reads on). Each
         subscription goes back to its position in ``positions``, drops what
         it queued, and resubscribes from there; nothing is lost or doubled."""
-        with self._cond:
+        with self._lock:
             if self._closed or self._ended:
                 return
             for sub, position in positions.items():
@@ -289,10 +291,11 @@ class Subscriptions:
 
     # --- the application's side (``Consumer``) --------------------------------
 
-    def hold(self) -> threading.Condition:
+    def hold(self) -> threading.RLock:
         """The lock the application's side holds while it takes from the
-        queue (``head``, ``first``, ``done``) and moves positions."""
-        return self._cond
+        queue (``head``, ``first``, ``done``) and moves positions (the
+        condition's lock itself: see ``locks``)."""
+        return self._lock
 
     def head(self, deadline: float | None, read_while_waiting: bool) -> Queued | None:
         """Under ``hold()``: the queue's first chunk, waiting for one until
@@ -305,7 +308,7 @@ class Subscriptions:
             if left is not None and left <= 0:
                 return None
             if not (read_while_waiting and self._read_while_waiting(left)):
-                self._cond.wait(left)
+                locks.wait(self._cond, left)
         self._inflate(self._queue[0])  # may end the consumer there instead
         item = self._queue[0]
         if isinstance(item, End):
@@ -342,14 +345,14 @@ class Subscriptions:
             return False
         if getattr(self._read_on, "conn", conn) is not conn:
             self.end_read()  # the subscription moved since
-        self._cond.release()
         try:
+            self._lock.release()  # first in the try: interrupted after, taken again
             self._read_on.conn = conn  # its turn may stay with this thread
             return conn.read_until(
                 lambda: bool(self._queue) or self._closed
                 or not sub.live or sub.connection is not conn, timeout)
         finally:
-            self._cond.acquire()
+            self._lock.acquire()
 
     def end_read(self) -> None:
         """Let the reader threads read again once the data this thread read
@@ -375,27 +378,27 @@ class Subscriptions:
     def completed(self) -> None:
         """The application is back for more: the records handed so far were
         processed (what a named consumer leaving with an exception stores)."""
-        with self._cond:
+        with self._lock:
             for sub in self._subs.values():
                 sub.completed = sub.position
 
     def grant(self, chunks: int) -> None:
         """Let the broker send ``chunks`` more chunks (``Credit.manual``)."""
-        with self._cond:
+        with self._lock:
             sends = [(sub, sub.credit.manual(chunks)) for sub in self._subs.values()]
         for sub, n in sends:
             self.send_credit(sub, n)
 
     def add_waker(self, waker: Callable[[], None]) -> None:
         """Call ``waker()`` whenever data or an error is queued."""
-        with self._cond:
+        with self._lock:
             self._wakers.append(waker)
 
     def close(self, *, handed: bool) -> None:
         """Store (named consumers) the offset of the last record handed, or
         with ``handed`` False only what was processed
         (``Subscription.completed``); unsubscribe, free the connections."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
@@ -439,7 +442,7 @@ class Subscriptions:
 
     def _subscribe(self, sub: Subscription) -> None:
         """Subscribe ``sub`` on a connection to a node holding its stream."""
-        with self._cond:
+        with self._lock:
             spec, rewinds = sub.resume_spec(), sub.rewinds
         endpoint = self.client.locate(sub.stream)
         conn = self.client.pool.acquire(endpoint)
@@ -450,7 +453,7 @@ class Subscriptions:
         except BaseException:
             self.client.pool.release(conn)
             raise
-        with self._cond:
+        with self._lock:
             stale = sub.rewinds != rewinds
             if not stale:
                 sub.connection, sub.subscription_id = conn, sub_id
@@ -465,7 +468,7 @@ class Subscriptions:
                                                now, self._properties()),
                          f"subscribe to {sub.stream!r}")
         except BaseException:
-            with self._cond:
+            with self._lock:
                 sub.live = False
             conn.remove_subscription(sub_id)
             self.client.pool.release(conn)
@@ -494,11 +497,13 @@ class Subscriptions:
             props.update(self.filter.properties())
         return props
 
-    def _unsubscribe(self, sub: Subscription) -> None:
-        with self._cond:
+    def _unsubscribe(self, sub: Subscription, *, release: bool = True) -> Connection | None:
+        """Unsubscribe ``sub`` where it was; its connection, if kept
+        (``release`` False: the caller releases it)."""
+        with self._lock:
             conn, sub.connection = sub.connection, None
         if conn is None:
-            return
+            return None
         if conn.is_open:
             try:
                 conn.request(lambda c: P.Unsubscribe(c, sub.subscription_id),
@@ -506,7 +511,10 @@ class Subscriptions:
             except StreamError:
                 pass  # going anyway
         conn.remove_subscription(sub.subscription_id)
-        self.client.pool.release(conn)
+        if release:
+            self.client.pool.release(conn)
+            return None
+        return conn
 
     # --- maintenance thread -----------------------------------------------------
 
@@ -516,7 +524,7 @@ class Subscriptions:
         retry_in = 0.0
         next_refresh = time.monotonic() + self.partition_refresh_seconds
         while True:
-            with self._cond:
+            with self._lock:
                 broken = list(self._broken_subs)
             wait = (retry_in if broken else
                     max(0.0, next_refresh - time.monotonic())
@@ -530,7 +538,7 @@ class Subscriptions:
                 if self._credit_writes is not None:
                     self._credit_writes.put(None)
                 return
-            with self._cond:
+            with self._lock:
                 broken = list(self._broken_subs)
             if broken:
                 retry_in = self._recover(broken)
@@ -545,7 +553,10 @@ class Subscriptions:
         for sub in broken:
             # The broker forgot the subscription if its connection or
             # stream went, not if it was rewound: Unsubscribe if still open.
-            self._unsubscribe(sub)
+            # An open connection (a rewind) is kept until the new
+            # subscription is made, on it if the stream is still there:
+            # reopening one per rewind churns connections for nothing.
+            kept = self._unsubscribe(sub, release=False)
             spec = sub.resume_spec()
             try:
                 self._subscribe(sub)
@@ -557,7 +568,10 @@ class Subscriptions:
                 if self._backoff.expired():
                     self._end(self._backoff.final(sub.stream, exc), after_queue=True)
                 return self._backoff.failed()
-            with self._cond:
+            finally:
+                if kept is not None:
+                    self.client.pool.release(kept)
+            with self._lock:
                 if not sub.live:  # broken again already (or rewound): next round
                     continue
                 self._broken_subs.discard(sub)
@@ -566,7 +580,7 @@ class Subscriptions:
                 broken_at, sub.broken_at = sub.broken_at, None
             if broken_at is not None:  # not a new partition
                 sub.recovered(spec, time.monotonic() - broken_at)
-        with self._cond:
+        with self._lock:
             again = bool(self._broken_subs)
         # Broken again already: as after a failed attempt (the producer's
         # recovery does the same), so a flapping stream is not hammered.
@@ -582,7 +596,7 @@ class Subscriptions:
             if stream not in self._subs:
                 # A new partition: everything in it is new to this consumer.
                 sub = Subscription(self, stream, P.OffsetSpec(P.OFFSET_FIRST), None)
-                with self._cond:
+                with self._lock:
                     self._subs[stream] = sub
                     self._broken_subs.add(sub)
                 self._maintenance.set()

@@ -893,7 +893,7 @@ def reap(run: Run, child: subprocess.Popen[str], timeout: float) -> dict[str, An
         return {}
     if child.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
         run.verdict_hint = run.verdict_hint or (
-            f"a child process failed (exit {child.returncode}): {err.strip()[-600:]}")
+            f"a child process failed (exit {child.returncode}): {err.strip()[-2000:]}")
     lines = out.strip().splitlines()
     try:
         return dict(json.loads(lines[-1])) if lines else {}
@@ -1121,7 +1121,11 @@ def _child_interrupted(client: pystream.Client, spec: dict[str, Any], write: Any
             try:
                 reading[0] = True
                 if spec["super"]:
-                    parts.append(next(iter(consumer.batches(0.5)), None))
+                    # A for loop binds the batch with no call in between;
+                    # next(), a C call, could lose it to an interrupt.
+                    for batch in consumer.batches(0.5):
+                        parts.append(batch)
+                        break
                 else:
                     parts.append(consumer.read(500, timeout=0.5))
                 reading[0] = False

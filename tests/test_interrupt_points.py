@@ -1,0 +1,241 @@
+"""An interrupt (a ``KeyboardInterrupt``, or whatever a signal handler
+raises) that the application catches and reads on from loses and repeats
+nothing, wherever in a read it lands (docs/consuming.md).
+
+CPython runs signal handlers at the entry of a Python function (and the
+resumption of a generator) and at the return of a C function called from
+Python. These tests land an interrupt at each such point of a read in turn:
+a profile hook raises ``KeyboardInterrupt`` at the n-th point of the call,
+n sweeping up through the read until the call completes, then again on the
+next one. Random SIGINTs (test_consumer_recovery.py, the fault matrix's
+cancel cells) find a narrow window only now and then; this finds it every
+time. The application's side of each call is the safe idiom the docs give:
+the result is bound before anything else runs in its frame."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import pystream
+
+from .conftest import MODERN_URI
+
+pytestmark = pytest.mark.broker
+
+N = 2400          # records per stream (per partition, for a super stream)
+PUBLISH = 40      # records per publish: many small chunks
+PARTITIONS = 3
+
+
+class Interrupter:
+    """Raises KeyboardInterrupt at the ``at``-th interrupt point of what
+    runs while armed, outside this file's own frames."""
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.landed = 0
+        self.points = 0  # of the last call that ran to its end
+
+    def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call" and event != "c_return":
+            return
+        if frame.f_code.co_filename == __file__:
+            return
+        self.left -= 1
+        self.points += 1
+        if self.left == 0:
+            sys.setprofile(None)
+            self.landed += 1
+            raise KeyboardInterrupt
+
+    def call(self, at: int, fn: Callable[[], Any]) -> Any:
+        """``fn()``, interrupted at its ``at``-th point if it has as many
+        (never with 0)."""
+        self.left, self.points = at, 0
+        sys.setprofile(self._hook)
+        try:
+            return fn()
+        finally:
+            sys.setprofile(None)
+
+
+def sweep(call: Callable[[], bool], budget: int = 400) -> int:
+    """Call ``call`` (True once it has read everything) until it is done:
+    once whole (imports on first use are no read's points), then
+    interrupted at its point 1, 2, 3, ... until one call completes, and
+    so on for the next calls until ``budget`` interrupts have landed; how
+    many did."""
+    interrupter = Interrupter()
+    done = interrupter.call(0, call)
+    at = 1
+    while not done:
+        if interrupter.landed >= budget:
+            at = 0  # never: read the rest whole
+        try:
+            done = interrupter.call(at, call)
+        except KeyboardInterrupt:
+            at += 1
+            continue
+        at = 1
+    return interrupter.landed
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[pystream.Client]:
+    # Python's own handler: PySpark's, left by an earlier test in this
+    # process, would turn a SIGINT into a cancelled Spark job.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pystream.connect(MODERN_URI) as c:
+            yield c
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def bodies(first: int, n: int) -> list[bytes]:
+    return [f"{i:08d}".encode() for i in range(first, first + n)]
+
+
+def publish(client: pystream.Client, stream: str, *, colored: bool = False) -> None:
+    options: dict[str, Any] = {"batch_size": PUBLISH}
+    if colored:
+        options["filter_value"] = "color"
+    with client.producer(stream, **options) as producer:
+        for first in range(0, N, PUBLISH):
+            batch: dict[str, Any] = {"body": bodies(first, PUBLISH)}
+            if colored:
+                batch["application_properties"] = pa.array(
+                    [[("color", "red" if i % 2 == 0 else "blue")]
+                     for i in range(first, first + PUBLISH)],
+                    pa.map_(pa.string(), pa.string()))
+            producer.send_batch(pa.RecordBatch.from_pydict(batch))
+            producer.flush(30)
+
+
+@pytest.fixture(scope="module")
+def plain(client: pystream.Client) -> Iterator[str]:
+    name = f"test-interrupt-points-{np.random.randint(1 << 30)}"
+    client.create_stream(name)
+    publish(client, name)
+    yield name
+    client.delete_stream(name, missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def colored(client: pystream.Client) -> Iterator[str]:
+    name = f"test-interrupt-points-colored-{np.random.randint(1 << 30)}"
+    client.create_stream(name)
+    publish(client, name, colored=True)
+    yield name
+    client.delete_stream(name, missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def super_stream(client: pystream.Client) -> Iterator[str]:
+    name = f"test-interrupt-points-super-{np.random.randint(1 << 30)}"
+    client.create_super_stream(name, partitions=PARTITIONS)
+    for partition in client.partitions(name):
+        publish(client, partition)
+    yield name
+    client.delete_super_stream(name, missing_ok=True)
+
+
+def in_order(offsets: list[int], n: int = N) -> None:
+    got = np.asarray(offsets)
+    assert len(got) == n, f"{len(got)} records of {n}"
+    assert (got == np.arange(n)).all(), "out of order or repeated"
+
+
+def reader(how: str, consumer: pystream.Consumer,
+           keep: Callable[[pa.RecordBatch | pa.Table], None], wanted: int,
+           got: Callable[[], int]) -> Callable[[], bool]:
+    """One call of ``how`` per call, its result kept the safe way."""
+    state: dict[str, Iterator[Any] | None] = {"it": None}
+
+    def once() -> bool:
+        if how == "read":
+            part = consumer.read(300, timeout=30)
+            assert part.num_rows, f"nothing for 30 s after {got()} of {wanted} records"
+            keep(part)
+        else:
+            it = state["it"]
+            if it is None:  # a fresh one: an interrupt ended the last
+                it = state["it"] = (consumer.batches(30) if how == "batches"
+                                    else consumer.messages(30))
+            try:
+                item = next(it)
+            except StopIteration:
+                raise AssertionError(f"nothing for 30 s after {got()} of {wanted} "
+                                     f"records") from None
+            except BaseException:
+                state["it"] = None
+                raise
+            keep(item)
+        return got() >= wanted
+    return once
+
+
+@pytest.mark.parametrize("how", ["read", "batches", "messages"])
+def test_an_interrupt_at_any_point_of_a_read_loses_nothing(client, plain, how):
+    offsets: list[int] = []
+
+    def keep(part: Any) -> None:
+        if how == "messages":
+            offsets.append(part.offset)
+        else:
+            offsets.extend(part.column("offset").to_pylist())
+
+    with client.consumer(plain, offset="first") as consumer:
+        landed = sweep(reader(how, consumer, keep, N, lambda: len(offsets)))
+    in_order(offsets)
+    assert landed == 400
+
+
+def test_an_interrupt_at_any_point_of_a_super_stream_read_loses_nothing(
+        client, super_stream):
+    offsets: dict[bytes, list[int]] = defaultdict(list)
+
+    def keep(batch: pa.RecordBatch) -> None:
+        offsets[batch.schema.metadata[b"stream"]].extend(
+            batch.column("offset").to_pylist())
+
+    with client.consumer(super_stream=super_stream, offset="first") as consumer:
+        landed = sweep(reader("batches", consumer, keep, N * PARTITIONS,
+                              lambda: sum(map(len, offsets.values()))))
+    assert len(offsets) == PARTITIONS
+    for partition in offsets.values():
+        in_order(partition)
+    assert landed == 400
+
+
+def red(batch: pa.RecordBatch) -> Any:
+    color = pc.map_lookup(batch.column("application_properties"), pa.scalar("color"),
+                          "first")
+    return pc.fill_null(pc.equal(color, "red"), False)
+
+
+@pytest.mark.parametrize("how", ["read", "batches"])
+def test_an_interrupt_at_any_point_of_a_post_filtered_read_loses_nothing(
+        client, colored, how):
+    offsets: list[int] = []
+
+    def keep(part: Any) -> None:
+        offsets.extend(part.column("offset").to_pylist())
+
+    with client.consumer(colored, offset="first", columns=["application_properties"],
+                         filter=pystream.Filter(["red"], post_filter=red)) as consumer:
+        landed = sweep(reader(how, consumer, keep, N // 2, lambda: len(offsets)))
+    got = np.asarray(offsets)
+    assert len(got) == N // 2
+    assert (got == np.arange(0, N, 2)).all()
+    assert landed == 400
