@@ -31,12 +31,13 @@ from collections.abc import Callable, Iterable
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
+from bench import cpu_class
+from tools import results
 from tools.results import (  # the record of every stored result, shared with tests/
     admin,
     broker_version,
     git_commit,
     loadavg,
-    machine,
     versions,
     write_results,
 )
@@ -225,10 +226,16 @@ def broker_pid(uri: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def machine(uri: str | None) -> dict:
+    """The machine block of a result (tools.results), with the CPU class
+    emulated for the clients if one is (bench/cpu_class)."""
+    return cpu_class.machine(results.machine(uri))
+
+
 def child_env(uri: str) -> dict:
     pid = broker_pid(uri)
-    return {**os.environ, "OPENBLAS_NUM_THREADS": "1",
-            BROKER_PID_ENV: str(pid), "WIRE_BROKER_PID": str(pid)}
+    return cpu_class.child_env({**os.environ, "OPENBLAS_NUM_THREADS": "1",
+                                BROKER_PID_ENV: str(pid), "WIRE_BROKER_PID": str(pid)})
 
 
 def parse_result(returncode: int, stdout: str, stderr: str) -> dict:

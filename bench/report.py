@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.cpu_class import EMULATIONS
 from bench.report_crc import crc_block
 from bench.report_distance import distance_block
 from bench.report_format import (
@@ -104,8 +105,8 @@ def how_fast() -> str:
     results file was measured on one machine)."""
     results = {name: load(name) for name in ("consume", "publish", "latency")}
     classes: dict[str, dict[str, dict | None]] = {}
-    for name, res in results.items():
-        if res:
+    for name in results:
+        for res in stored(name):
             classes.setdefault(cpu_class(res["machine"]), {})[name] = res
     if not classes:
         return "(no stored results: run `make bench`)\n"
@@ -199,11 +200,24 @@ def all_runs(res: dict) -> list[dict]:
     return out
 
 
+def stored(name: str) -> list[dict]:
+    """The results of ``name``: measured on this CPU class, then those of
+    the classes emulated (``bench/results/<name>-<class>.json``, see
+    bench/cpu_class)."""
+    found = [load(name)] + [load(f"{name}-{e}") for e in EMULATIONS]
+    return [res for res in found if res]
+
+
 def consume_block() -> str:
-    res = load("consume")
-    if not res:
+    found = stored("consume")
+    if not found:
         return "(no stored results: run `make bench`)\n"
-    out = []
+    return "\n".join(consume_section(res) for res in found)
+
+
+def consume_section(res: dict) -> str:
+    cls = cpu_class(res["machine"])
+    out = [f"{cls if cls.startswith('CPU class') else 'CPU class ' + cls}:", ""]
     for _key, row in res["rows"].items():
         guard_rate_row(REFERENCE_LABELS["consume"], row)
         ref_rate = med(row["clients"].get("wire", {}).get("summary"))
