@@ -168,6 +168,23 @@ def proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+PERF_CONTROL_ENV = "PYSTREAM_BENCH_PERF_CONTROL"
+
+
+def perf_control(command: str) -> None:
+    """Tell ``perf record --control`` (bench/profile_runs) to ``enable`` or
+    ``disable`` its events, and wait for its ack: the profile then covers
+    the measured window only. A no-op outside a profile."""
+    fifos = os.environ.get(PERF_CONTROL_ENV)
+    if not fifos:
+        return
+    ctl, ack = fifos.split(",")
+    with open(ctl, "w") as f:
+        f.write(command + "\n")
+    with open(ack) as f:
+        f.readline()
+
+
 class Window:
     """The measured window of a run: wall time, this process's CPU time
     (all threads) and the broker's (its pid comes from the parent)."""
@@ -177,6 +194,7 @@ class Window:
 
     def start(self) -> None:
         gc.collect()
+        perf_control("enable")
         self.b0 = proc_cpu(self.broker)
         self.first_data: float | None = None
         self.cpu0, self.t0 = time.process_time(), time.perf_counter()
@@ -190,6 +208,7 @@ class Window:
     def stop(self, messages: int, **extra: object) -> dict:
         t1, cpu1 = time.perf_counter(), time.process_time()
         b1 = proc_cpu(self.broker)
+        perf_control("disable")
         out = {"messages": messages, "seconds": t1 - self.t0,
                "cpu": cpu1 - self.cpu0, **extra}
         if self.first_data is not None:

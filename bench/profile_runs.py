@@ -7,8 +7,10 @@ For each case it runs one measurement as the benchmarks do (the same child
 process command line) under
 
 * ``perf record -a -g`` (the whole machine: the broker, the client, and
-  whatever else runs): the share of samples by process, and the client's
-  hottest symbols (C, kernel and Python's own);
+  whatever else runs) over the measured window only for the Python
+  clients (``harness.Window`` enables and disables perf's events through
+  ``--control``), the C clients' whole life: the share of samples by
+  process, and the client's hottest symbols (C, kernel and Python's own);
 * ``py-spy record`` for the Python clients: the hottest Python functions
   of each thread, idle threads left out;
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
 import shutil
 import subprocess
@@ -28,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import harness
+from bench import cpu_class, harness
 
 OUT = harness.RESULTS / "profiles"
 PY = sys.executable
@@ -55,7 +58,7 @@ def cases(uri: str) -> dict[str, list[str]]:
     }
 
 
-def perf_summary(data: Path, pid: int) -> str:
+def perf_summary(data: Path, pid: int, window: bool) -> str:
     def report(*args: str) -> list[str]:
         out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-q",
                               "--no-children", "-g", "none", *args],
@@ -68,8 +71,9 @@ def perf_summary(data: Path, pid: int) -> str:
     return ("samples by process, the whole machine (the broker is beam.smp):\n"
             + "\n".join(by_pid)
             + f"\n\nthe client's (pid {pid}) hottest symbols, share of its own samples "
-              "(its whole life, start-up and imports included; the result line above "
-              "is the measured window):\n"
+            + ("(the measured window only):\n" if window else
+               "(its whole life, start-up included; the result line above is the "
+               "measured window):\n")
             + "\n".join(syms) + "\n")
 
 
@@ -103,7 +107,9 @@ def run(name: str, cmd: list[str], uri: str) -> None:
             admin.delete_stream("bench-profile-publish", missing_ok=True)
             admin.create_stream("bench-profile-publish")
     env = harness.child_env(uri)
-    text = [f"# {name}", "", "command: " + " ".join(cmd[:2] + ["..."] + cmd[-8:]), ""]
+    info = harness.machine(None)
+    text = [f"# {name}", "", f"CPU class {info['cpu_class']}, CRC {info['code_paths']['crc']}",
+            "", "command: " + " ".join(cmd[:2] + ["..."] + cmd[-8:]), ""]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "perf.data"
@@ -111,13 +117,22 @@ def run(name: str, cmd: list[str], uri: str) -> None:
             pidfile = Path(tmp) / "pid"
             # the client execs in the shell whose pid is written first
             shell = ["sh", "-c", 'echo $$ > "$0"; exec "$@"', str(pidfile), *cmd]
+            window = "-wire" not in name  # the C clients have no start-up to leave out
+            control: list[str] = []
+            if window:
+                ctl, ack = Path(tmp) / "ctl", Path(tmp) / "ack"
+                os.mkfifo(ctl)
+                os.mkfifo(ack)
+                control = ["-D", "-1", "--control", f"fifo:{ctl},{ack}"]
+                env = {**env, harness.PERF_CONTROL_ENV: f"{ctl},{ack}"}
             proc = subprocess.run(["perf", "record", "-q", "-a", "-g", "-F", "499",
-                                   "-o", str(data), "--", *shell],
+                                   *control, "-o", str(data), "--", *shell],
                                   capture_output=True, text=True, env=env)
+            env.pop(harness.PERF_CONTROL_ENV, None)
             res = harness.parse_result(proc.returncode, proc.stdout, proc.stderr)
             pid = int(pidfile.read_text())
             text += [f"result: {harness.describe({**res, 'load': [load, harness.loadavg()]})}",
-                     "", perf_summary(data, pid)]
+                     "", perf_summary(data, pid, window)]
             if "-wire" not in name and Path(PYSPY).exists():
                 raw = Path(tmp) / "pyspy.txt"
                 proc = subprocess.run([PYSPY, "record", "-r", "250", "-f", "raw",
@@ -131,7 +146,8 @@ def run(name: str, cmd: list[str], uri: str) -> None:
             with pystream.connect(uri) as admin:
                 admin.delete_stream("bench-profile-publish", missing_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{name}.txt"
+    emulation = cpu_class.chosen()
+    path = OUT / f"{name}{'-' + emulation.name if emulation else ''}.txt"
     path.write_text("\n".join(text))
     print(f"{name}: {path}", flush=True)
 

@@ -893,7 +893,8 @@ def reap(run: Run, child: subprocess.Popen[str], timeout: float) -> dict[str, An
         return {}
     if child.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
         run.verdict_hint = run.verdict_hint or (
-            f"a child process failed (exit {child.returncode}): {err.strip()[-2000:]}")
+            f"a child process failed (exit {child.returncode}): {err.strip()[-2000:]}"
+            f" | its last output: {out.strip()[-300:]!r}")
     lines = out.strip().splitlines()
     try:
         return dict(json.loads(lines[-1])) if lines else {}
