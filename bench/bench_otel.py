@@ -487,7 +487,7 @@ def main() -> None:
     try:
         end = 0
         if "consume" in kinds or "consume_windows" in windowed:
-            from bench_consume import prefill
+            from bench.bench_consume import prefill
             end = prefill(args.uri, CONSUME_STREAM, BODY, args.consume_messages)
         runs = harness.interleave(
             args.repeat, cases, lambda case: one_run(args, case[0], case[1]),

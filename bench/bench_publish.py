@@ -115,9 +115,8 @@ def body_array(n: int, size: int):
 
 
 def publish_pystream(args, clock: Window, kind: str, via: bool = False) -> dict:
-    from bench_consume import through
-
     import pystream
+    from bench.bench_consume import through
     n, batch = args.target, args.batch
     if kind == "pystream-arrow":
         bodies = body_array(n, args.body_size)

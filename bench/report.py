@@ -480,6 +480,9 @@ SPARK_IO_LABELS = {
 }
 
 
+SPARK_READ_CPU_BUDGET = 1.15
+
+
 def spark_io_block() -> str:
     res = load("spark_io")
     if not res:
@@ -546,6 +549,17 @@ def spark_io_block() -> str:
                         f"{read[keys[2]]:.2f} and {ceil[keys[2]]:.2f}: {cost[0]:.2f} "
                         f"and {cost[1]:.2f} in all, a ratio of {cost[1] / cost[0]:.2f} "
                         f"(the rate ratio where both keep the 2 cores busy)."]
+            if "cpu_s_per_m_median" in alone and "broker_cpu_s_per_m_median" in alone:
+                # What the read cannot do without: the ceiling's Spark work, the
+                # broker sending the rows, pystream reading them.
+                floor = (ceil[keys[0]] + ceil[keys[1]] + alone["broker_cpu_s_per_m_median"]
+                         + alone["cpu_s_per_m_median"])
+                x = cost[0] / floor
+                out += ["", f"- the read's CPU per million records (JVM, workers, broker) "
+                            f"at most {SPARK_READ_CPU_BUDGET:.2f}x the ceiling's Spark CPU, "
+                            f"the broker's send and pystream's own read (`read_range`): "
+                            f"{verdict(x <= SPARK_READ_CPU_BUDGET)} ({cost[0]:.3f} against "
+                            f"{floor:.3f} s, {x:.2f}x)"]
     out += ["", machine_line(res["machine"], "Measured")]
     return "\n".join(out) + "\n"
 

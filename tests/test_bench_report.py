@@ -197,3 +197,19 @@ def test_the_machine_block_records_the_cpu_and_the_crc_path():
         "x86-64 AVX2+VPCLMUL"
     assert results.cpu_class("x86_64", ["pclmulqdq", "avx2"]) == "x86-64 AVX2+PCLMUL"
     assert results.cpu_class("aarch64", ["pmull", "crc32"]) == "aarch64 PMULL"
+
+
+def test_every_import_of_a_benchmark_module_names_the_bench_package():
+    """The children of a benchmark run ``python -m bench.<name>``: a bare
+    ``from bench_consume import ...`` (in a function, so only a child
+    runs it) fails there, and the run is recorded as failed."""
+    import ast
+    own = {p.stem for p in (ROOT / "bench").glob("*.py")}
+    bare = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            bare += [f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                     for n in names if n.split(".")[0] in own]
+    assert not bare
