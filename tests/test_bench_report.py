@@ -133,10 +133,31 @@ def test_a_bound_a_client_beats_is_refused():
     report_format.guard_reference("C floor", [2.0], {"x": 2.0}, lower_is_better=True)
 
 
-def test_the_stored_results_beat_what_was_called_a_bound(monkeypatch):
-    """The stored consume, publish and latency results beat the C client's
-    rows: under their old names (limit, floor) the report refuses them,
-    under the names they have it renders them."""
+def test_a_reference_beaten_under_the_name_of_a_bound_is_refused(monkeypatch):
+    """Results where pystream beats the C client's rows (made so from the
+    stored ones: twice the reference's best rate, half its best p99): under
+    their old names (limit, floor) the report refuses them, under the names
+    they have it renders them."""
+    stored = {name: report_format.load(name) for name in ("consume", "publish", "latency")}
+
+    def beaten(name):
+        res = stored.get(name)
+        if res is None:
+            return None
+        if name == "latency":
+            rates = {rate: {**by, "pystream": {**by["pystream"], "p99_median_ms":
+                                               by["wire"]["p99_min_ms"] / 2}}
+                     for rate, by in res["rates"].items()}
+            return {**res, "rates": rates}
+        rows = {}
+        for key, row in res["rows"].items():
+            best = max(row["clients"]["wire"]["summary"]["msg_per_s_all"])
+            c = row["clients"]["pystream"]
+            rows[key] = {**row, "clients": {**row["clients"], "pystream": {
+                **c, "summary": {**c["summary"], "msg_per_s_median": 2 * best}}}}
+        return {**res, "rows": rows}
+
+    monkeypatch.setattr(report, "load", beaten)
     for block in ("consume", "publish", "latency"):
         assert "no stored results" not in report.BLOCKS[block]()
     old = {"consume": "C wire limit", "publish": "C publish limit", "latency": "C floor"}
@@ -161,15 +182,19 @@ def test_every_figure_names_its_cpu_class(monkeypatch):
         "CPU class unknown (recorded as: AMD EPYC)"
     stored = {name: report_format.load(name) for name in ("consume", "publish", "latency")}
     one = report.how_fast()
-    assert one.count("| msg/s, or p99 latency; ") == 1
+    emulated = sum(bool(report_format.load(f"consume-{e}")) for e in report.EMULATIONS)
+    assert one.count("| msg/s, or p99 latency; ") == 1 + emulated
     classes = {"consume": "x86-64 AVX-512+VPCLMUL", "publish": "x86-64 AVX2+PCLMUL",
-               "latency": None}
+               "latency": None}  # None: stored before the flags were recorded
 
     def load(name):
         res = stored.get(name)
-        if res is None or classes.get(name) is None:
+        if res is None:
             return res
-        return {**res, "machine": {**res["machine"], "cpu_class": classes[name]}}
+        machine = {k: v for k, v in res["machine"].items() if k != "cpu_class"}
+        if classes.get(name):
+            machine["cpu_class"] = classes[name]
+        return {**res, "machine": machine}
 
     monkeypatch.setattr(report, "load", load)
     two = report.how_fast()
