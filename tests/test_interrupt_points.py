@@ -35,6 +35,9 @@ pytestmark = pytest.mark.broker
 N = 2400          # records per stream (per partition, for a super stream)
 PUBLISH = 40      # records per publish: many small chunks
 PARTITIONS = 3
+# Many calls per stream, whatever was queued by the first: every sweep has
+# calls left to interrupt.
+BATCH_ROWS = 200
 
 
 class Interrupter:
@@ -195,7 +198,7 @@ def test_an_interrupt_at_any_point_of_a_read_loses_nothing(client, plain, how):
         else:
             offsets.extend(part.column("offset").to_pylist())
 
-    with client.consumer(plain, offset="first") as consumer:
+    with client.consumer(plain, offset="first", max_batch_rows=BATCH_ROWS) as consumer:
         landed = sweep(reader(how, consumer, keep, N, lambda: len(offsets)))
     in_order(offsets)
     assert landed == 400
@@ -209,7 +212,8 @@ def test_an_interrupt_at_any_point_of_a_super_stream_read_loses_nothing(
         offsets[batch.schema.metadata[b"stream"]].extend(
             batch.column("offset").to_pylist())
 
-    with client.consumer(super_stream=super_stream, offset="first") as consumer:
+    with client.consumer(super_stream=super_stream, offset="first",
+                         max_batch_rows=BATCH_ROWS) as consumer:
         landed = sweep(reader("batches", consumer, keep, N * PARTITIONS,
                               lambda: sum(map(len, offsets.values()))))
     assert len(offsets) == PARTITIONS
@@ -233,6 +237,7 @@ def test_an_interrupt_at_any_point_of_a_post_filtered_read_loses_nothing(
         offsets.extend(part.column("offset").to_pylist())
 
     with client.consumer(colored, offset="first", columns=["application_properties"],
+                         max_batch_rows=BATCH_ROWS,
                          filter=pystream.Filter(["red"], post_filter=red)) as consumer:
         landed = sweep(reader(how, consumer, keep, N // 2, lambda: len(offsets)))
     got = np.asarray(offsets)
