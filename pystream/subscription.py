@@ -32,7 +32,6 @@ from .stream_subscription import End, Queued, Subscription, cost
 
 if TYPE_CHECKING:
     from .admin import Admin
-    from .connection import Connection
 
 log = logging.getLogger("pystream.consumer")
 
@@ -497,13 +496,11 @@ class Subscriptions:
             props.update(self.filter.properties())
         return props
 
-    def _unsubscribe(self, sub: Subscription, *, release: bool = True) -> Connection | None:
-        """Unsubscribe ``sub`` where it was; its connection, if kept
-        (``release`` False: the caller releases it)."""
+    def _unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
             conn, sub.connection = sub.connection, None
         if conn is None:
-            return None
+            return
         if conn.is_open:
             try:
                 conn.request(lambda c: P.Unsubscribe(c, sub.subscription_id),
@@ -511,10 +508,7 @@ class Subscriptions:
             except StreamError:
                 pass  # going anyway
         conn.remove_subscription(sub.subscription_id)
-        if release:
-            self.client.pool.release(conn)
-            return None
-        return conn
+        self.client.pool.release(conn)
 
     # --- maintenance thread -----------------------------------------------------
 
@@ -553,10 +547,7 @@ class Subscriptions:
         for sub in broken:
             # The broker forgot the subscription if its connection or
             # stream went, not if it was rewound: Unsubscribe if still open.
-            # An open connection (a rewind) is kept until the new
-            # subscription is made, on it if the stream is still there:
-            # reopening one per rewind churns connections for nothing.
-            kept = self._unsubscribe(sub, release=False)
+            self._unsubscribe(sub)
             spec = sub.resume_spec()
             try:
                 self._subscribe(sub)
@@ -568,9 +559,6 @@ class Subscriptions:
                 if self._backoff.expired():
                     self._end(self._backoff.final(sub.stream, exc), after_queue=True)
                 return self._backoff.failed()
-            finally:
-                if kept is not None:
-                    self.client.pool.release(kept)
             with self._lock:
                 if not sub.live:  # broken again already (or rewound): next round
                     continue
