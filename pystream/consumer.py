@@ -259,14 +259,7 @@ class Consumer:
         (never, with None) or when the consumer is closed."""
         while True:
             self._completed()
-            taken: dict[Subscription, int | None] = {}
-            try:
-                batch = self._next_batch(timeout, None, taken)
-            except BaseException:
-                # Interrupted after the take, on the way out of _next_batch
-                # (before the yield, no call can be interrupted).
-                self._give_back(taken)
-                raise
+            batch = self._next_batch(timeout)
             if batch is None:
                 return
             yield batch
@@ -423,6 +416,7 @@ class Consumer:
         closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         subs = self._subs
+        handed: dict[Subscription, int | None] = {}  # where the result began
         try:
             subs.take_back()
             while True:
@@ -443,6 +437,7 @@ class Consumer:
                         subs.send_credit(sub, n)
                     if got is not None:
                         result = finish(item, got)
+                        handed = began
                         if taken is not None:
                             for sub, offset in began.items():
                                 taken.setdefault(sub, offset)
@@ -451,7 +446,12 @@ class Consumer:
                     subs.give_back(began)
                     raise
         finally:
-            subs.end_read()
+            try:
+                subs.end_read()
+            except BaseException:
+                # Interrupted here, the result never reaches the caller.
+                subs.give_back(handed)
+                raise
 
     @staticmethod
     def _next_offset(item: Queued) -> int | None:
