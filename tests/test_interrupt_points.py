@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 import pystream
 
 from .conftest import MODERN_URI
+from .faults import red  # the post filter of the fault matrix's filtered cells
 
 pytestmark = pytest.mark.broker
 
@@ -220,12 +220,6 @@ def test_an_interrupt_at_any_point_of_a_super_stream_read_loses_nothing(
     for partition in offsets.values():
         in_order(partition)
     assert landed == 400
-
-
-def red(batch: pa.RecordBatch) -> Any:
-    color = pc.map_lookup(batch.column("application_properties"), pa.scalar("color"),
-                          "first")
-    return pc.fill_null(pc.equal(color, "red"), False)
 
 
 @pytest.mark.parametrize("how", ["read", "batches"])
