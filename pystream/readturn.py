@@ -15,12 +15,19 @@ from a reader idle in ``poll``; the holder gives it back once done. An
 application thread that has its batch lends the turn instead (``lend``):
 back within ``LEND_SECONDS``, as one iterating a stream mostly is, it
 reads on with no thread woken on either side; later, the reader thread
-takes the turn and reads meanwhile. An application thread whose read an
-interrupt stopped halfway (a ``KeyboardInterrupt`` it catches) marks the
-turn ``torn``: the reader thread, which signals never interrupt, takes it
-whoever holds it and ends the connection. The reader thread only leaves its loop
-while holding the turn, so no application thread reads a descriptor it
-closed (the connection's close rules).
+takes the turn and reads meanwhile. A loan wakes the reader thread only
+while the application is slow (its last loan ran out): woken at every
+loan, the reader would preempt the application thread and wait for the
+GIL once per batch. A quick application that stays away once is noticed
+at the reader's next look, within ``MISSED_WAKEUP_SECONDS``; from then on
+its loans wake the reader again, until it is quick again.
+
+An application thread whose read an interrupt stopped halfway (a
+``KeyboardInterrupt`` it catches) marks the turn ``torn``: the reader
+thread, which signals never interrupt, takes it whoever holds it and ends
+the connection. The reader thread only leaves its loop while holding the
+turn, so no application thread reads a descriptor it closed (the
+connection's close rules).
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ class ReadTurn:
         self.wanted = 0          # application threads waiting for the turn
         self._holder: int | None = None  # thread ident holding it
         self._lent_until: float | None = None  # the holder stepped away (lend)
+        # The application took its last loan back in time: its loans leave
+        # the reader thread asleep (it looks again within MISSED_WAKEUP_SECONDS).
+        self._quick = False
         self._ended = False      # the reader thread left: nobody reads again
         # An application thread's read was interrupted halfway: the reader
         # thread takes the turn whoever holds it, and ends the connection.
@@ -78,8 +88,12 @@ class ReadTurn:
                     continue
                 left = self._lent_until - time.monotonic()
                 if left <= 0:
+                    self._quick = False  # the application stayed away
                     break
-                locks.wait(self._cond, left)
+                # A quick application is back before the loan ends, and
+                # lends again: waiting for each loan's end would wake this
+                # thread once per batch.
+                locks.wait(self._cond, MISSED_WAKEUP_SECONDS if self._quick else left)
             self._take()
 
     def _take(self) -> None:
@@ -107,7 +121,8 @@ class ReadTurn:
         with self._lock:
             if self._holder == threading.get_ident():
                 self._lent_until = time.monotonic() + LEND_SECONDS
-                self._cond.notify_all()
+                if self.wanted or not self._quick:
+                    self._cond.notify_all()
 
     def end(self) -> None:
         """The reader thread leaves (the socket shut down): nobody reads
@@ -134,6 +149,8 @@ class ReadTurn:
             if self._ended:
                 return False
             if self._holder == threading.get_ident() or self._lent_until is not None:
+                if self._lent_until is not None:
+                    self._quick = time.monotonic() < self._lent_until
                 self._take()  # kept since its last read, or lent by a thread away
                 return True
             self.wanted += 1

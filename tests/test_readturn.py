@@ -18,8 +18,11 @@ from pystream.readturn import ReadTurn
 from .waiting import wait_until
 
 
-def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float]) -> None:
+def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float],
+                ids: list[int] | None = None) -> None:
     """What ``Connection._read_loop`` does with the turn, the reads left out."""
+    if ids is not None:
+        ids.append(threading.get_native_id())
     while not stop.is_set():
         turn.reader_take()
         turns.append(time.monotonic())
@@ -31,14 +34,16 @@ def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float]) -> No
 
 
 @contextlib.contextmanager
-def held_with_reader() -> Iterator[tuple[ReadTurn, socket.socket, list[float]]]:
+def held_with_reader(ids: list[int] | None = None
+                     ) -> Iterator[tuple[ReadTurn, socket.socket, list[float]]]:
     """A turn this thread holds, a reader thread waiting for it (recording
-    when it takes it) and the socket's other end; all gone afterwards."""
+    when it takes it, and its thread id in ``ids``) and the socket's other
+    end; all gone afterwards."""
     a, b = socket.socketpair()
     turn = ReadTurn(a.fileno())
     stop, turns = threading.Event(), []
     assert turn.app_take(1)  # before the reader thread starts: free
-    reader = threading.Thread(target=reader_loop, args=(turn, stop, turns))
+    reader = threading.Thread(target=reader_loop, args=(turn, stop, turns, ids))
     reader.start()
     try:
         yield turn, b, turns
@@ -69,6 +74,46 @@ def test_a_lent_turn_comes_back_without_waking_the_reader():
         b.send(b"x")
         assert turn.poll(1) is True
         turn.give()
+
+
+def switches(tid: int) -> int:
+    """How often thread ``tid`` of this process went to sleep."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def test_quick_loans_leave_the_reader_thread_asleep():
+    """An application back before each loan ends (a batch handed every
+    millisecond or so) wakes the reader thread only at its periodic look,
+    not once per loan; one that then stays away still gets the reader
+    thread, within ``MISSED_WAKEUP_SECONDS``, and its next loans wake it
+    at once again."""
+    ids: list[int] = []
+    with held_with_reader(ids) as (turn, b, turns):
+        turn.lend()
+        assert turn.app_take(1)  # back in time: quick from now on
+        time.sleep(0.1)          # the reader thread waits
+        before, began = switches(ids[0]), time.monotonic()
+        for _ in range(300):
+            turn.lend()
+            time.sleep(0.0002)   # handing the batch over
+            assert turn.app_take(1)
+        looks = (time.monotonic() - began) / readturn.MISSED_WAKEUP_SECONDS
+        assert switches(ids[0]) - before <= 2 * looks + 5
+        assert not turns
+
+        lent = time.monotonic()
+        turn.lend()  # the application stays away
+        wait_until(lambda: turns, 5, 0.001)
+        assert readturn.LEND_SECONDS <= turns[0] - lent
+        assert turns[0] - lent < readturn.MISSED_WAKEUP_SECONDS + 0.5
+
+        assert turn.app_take(5)  # slow now: a loan wakes the reader at once
+        turn.lend()
+        wait_until(lambda: len(turns) == 2, 5, 0.001)
 
 
 def test_another_thread_takes_a_turn_lent_by_one_gone():
