@@ -378,6 +378,7 @@ cdef class StreamDecoder(FrameReader):
         cdef timespec t0, t1
         cdef CrcWorker *worker
         cdef uint32_t crc, done
+        cdef uint64_t inflated
         self.check_idle()
         rc = ps_reader_next(&self.r, &frame, &n, &err)
         if rc == PS_NEED_MORE:
@@ -407,9 +408,10 @@ cdef class StreamDecoder(FrameReader):
             # holds its frame (views point into it), what the sub-batches
             # declare and the rows' columns, and with body="binary" a copy
             # of the bodies (at most the frame's entries, inflated).
-            chunk.decoded_size = chunk.size + ps_chunk_inflated_size(&c)
+            inflated = ps_chunk_inflated_size(&c)
+            chunk.decoded_size = chunk.size + inflated
             if builder.b.opt.body_binary:
-                chunk.decoded_size += c.data_len + ps_chunk_inflated_size(&c)
+                chunk.decoded_size += c.data_len + inflated
             worker = NULL
             if builder.b.opt.crc and c.data_len - done >= SPLIT_CRC_BYTES:
                 worker = crc_worker()

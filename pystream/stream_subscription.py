@@ -219,7 +219,10 @@ class Subscription:
         position moved past them."""
         counted = self.counted_to
         rows = end - start
-        if counted is not None and rows and batch.column(0)[start].as_py() < counted:
+        # Every row's offset is at least the chunk's first: most batches
+        # need no look at their offset column.
+        if (counted is not None and rows and chunk.first_offset < counted
+                and batch.column(0)[start].as_py() < counted):
             offsets = batch.column(0).slice(start, rows).to_numpy()
             rows -= int(np.searchsorted(offsets, counted))
         self.stats.consumed += rows
