@@ -62,6 +62,18 @@ int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err);
 enum { PS_ROW_BYTES = 32 };
 uint64_t ps_chunk_inflated_size(const ps_chunk *c);
 
+/* The same walk in steps, over the entry headers as they arrive: each
+ * step reads the headers that lie wholly within the first `have` bytes of
+ * c's entries (all of them once have reaches data_len). Offsets only, so
+ * the bytes may move between steps. Zeroed: nothing walked. */
+typedef struct ps_size_walk {
+    uint32_t next;              /* offset in the entries of the next header */
+    uint32_t entries;           /* entries walked */
+    uint64_t size;              /* what they add */
+    uint8_t stopped;            /* every entry walked, or one unreadable */
+} ps_size_walk;
+void ps_size_walk_step(ps_size_walk *w, const ps_chunk *c, size_t have);
+
 /* The CRC-32 of a chunk's entries, begun while its Deliver frame is still
  * arriving: a reader that checks each newly received piece at once reads
  * it from the cache (1 KiB records come in chunks of some 8 MB, which by
@@ -71,18 +83,23 @@ typedef struct ps_crc_ahead {
                                  * 0 (no frame's, they follow a size): none */
     uint32_t done;              /* bytes of its entries in crc */
     uint32_t crc;
+    ps_size_walk walk;          /* its entry headers among those bytes */
 } ps_crc_ahead;
 
-/* Continue a's CRC over the entries in [frame, frame+have), the beginning
- * of a Deliver frame at stream position pos (a different frame than the
- * one followed starts afresh). A header not yet whole, or not a Deliver
- * header, leaves it as it is: ps_deliver_parse reports what is wrong. */
+/* Continue a's CRC, and its walk of the entry headers, over the entries in
+ * [frame, frame+have), the beginning of a Deliver frame at stream position
+ * pos (a different frame than the one followed starts afresh). A header
+ * not yet whole, or not a Deliver header, leaves it as it is:
+ * ps_deliver_parse reports what is wrong. */
 void ps_crc_ahead_advance(ps_crc_ahead *a, const uint8_t *frame, size_t have,
                           uint64_t pos);
 
 /* Of the complete chunk c, the first n bytes of the entries (n = 0 when a
- * followed another frame) and their CRC-32 from a; a then follows none. */
-uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n);
+ * followed another frame) and their CRC-32 from a, and the walk of their
+ * entry headers (zeroed when a followed another frame); a then follows
+ * none. */
+uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n,
+                           ps_size_walk *walk);
 
 /* Decode every size-prefixed Deliver frame in [p, p+n) into the batch;
  * positions in errors are offsets into p. */

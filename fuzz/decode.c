@@ -107,7 +107,8 @@ static void check_crc_combine(const uint8_t *data, size_t size, uint8_t mode)
 }
 
 /* A Deliver frame's CRC begun as its pieces came in (ps_crc_ahead), then
- * finished, is the CRC of its entries. */
+ * finished, is the CRC of its entries; its walk of the entry headers gives
+ * the size the walk in one go gives. */
 static void check_crc_ahead(ps_crc_ahead *a, const uint8_t *frame, uint32_t len,
                             uint64_t pos)
 {
@@ -117,8 +118,13 @@ static void check_crc_ahead(ps_crc_ahead *a, const uint8_t *frame, uint32_t len,
     if (len < 2 || ps_frame_key(frame) != PS_KEY_DELIVER ||
         ps_deliver_parse(frame, len, pos, &c, &err) != PS_OK)
         return;
-    uint32_t crc = ps_crc_ahead_take(a, &c, &done);
+    ps_size_walk walk;
+    uint32_t crc = ps_crc_ahead_take(a, &c, &done, &walk);
     if (ps_crc32(crc, c.data + done, c.data_len - done) != ps_crc32(0, c.data, c.data_len))
+        abort();
+    /* the walk of the headers as they came, finished, is the walk in one go */
+    ps_size_walk_step(&walk, &c, c.data_len);
+    if (walk.size != ps_chunk_inflated_size(&c))
         abort();
 }
 

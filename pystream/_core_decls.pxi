@@ -127,13 +127,17 @@ cdef extern from "chunk.h":
     int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err) nogil
     int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
     uint64_t ps_chunk_inflated_size(const ps_chunk *c) nogil
+    ctypedef struct ps_size_walk:
+        uint64_t size
+    void ps_size_walk_step(ps_size_walk *w, const ps_chunk *c, size_t have) nogil
     int ps_decode_buffer(const uint8_t *p, size_t n, ps_batch *b,
                          ps_error *err) nogil
     ctypedef struct ps_crc_ahead:
         pass
     void ps_crc_ahead_advance(ps_crc_ahead *a, const uint8_t *frame, size_t have,
                               uint64_t pos) nogil
-    uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n) nogil
+    uint32_t ps_crc_ahead_take(ps_crc_ahead *a, const ps_chunk *c, uint32_t *n,
+                               ps_size_walk *walk) nogil
 
 
 cdef extern from "codec.h":

@@ -379,6 +379,7 @@ cdef class StreamDecoder(FrameReader):
         cdef CrcWorker *worker
         cdef uint32_t crc, done
         cdef uint64_t inflated
+        cdef ps_size_walk walk
         self.check_idle()
         rc = ps_reader_next(&self.r, &frame, &n, &err)
         if rc == PS_NEED_MORE:
@@ -396,7 +397,7 @@ cdef class StreamDecoder(FrameReader):
         try:
             if ps_deliver_parse(frame, n, pos, &c, &err) != PS_OK:
                 raise_error(&err)
-            crc = ps_crc_ahead_take(&self.ahead, &c, &done)
+            crc = ps_crc_ahead_take(&self.ahead, &c, &done, &walk)
             chunk.subscription_id = c.subscription_id
             chunk.first_offset = c.first_offset
             chunk.num_records = c.num_records
@@ -408,7 +409,8 @@ cdef class StreamDecoder(FrameReader):
             # holds its frame (views point into it), what the sub-batches
             # declare and the rows' columns, and with body="binary" a copy
             # of the bodies (at most the frame's entries, inflated).
-            inflated = ps_chunk_inflated_size(&c)
+            ps_size_walk_step(&walk, &c, c.data_len)  # the headers not walked yet
+            inflated = walk.size
             chunk.decoded_size = chunk.size + inflated
             if builder.b.opt.body_binary:
                 chunk.decoded_size += c.data_len + inflated

@@ -134,6 +134,36 @@ def test_chunks_beyond_credit_are_counted_against_the_budget():
     assert got["growth"] < BUDGET + PER_CHUNK * MiB + SLACK, got
 
 
+def test_decoded_size_is_the_same_however_the_frame_arrives():
+    """The entry headers are walked as their bytes arrive (with the CRC,
+    while they are in the cache) and the walk is finished once the frame
+    is whole: fed in pieces down to single bytes, a frame declares the
+    decoded size it declares whole, an unreadable entry included."""
+    frames, _ = encode_publish(0, 1, pa.array([bytes(1000)] * 3), compression="zstd",
+                               sub_batch_size=3, max_frame_size=0)
+    zstd = bytes(frames)[4 + 2 + 2 + 1 + 4 + 8:]
+    plain = golden.simple_entry(golden.amqp_data(b"p" * 10))
+    cases = [
+        golden.deliver(golden.chunk([plain, zstd, plain, zstd, plain])),
+        golden.deliver(golden.chunk([zstd, plain]), version=2, committed_chunk_id=7),
+        # a sub-batch header cut short: the walk stops there, as in one go
+        golden.deliver(golden.chunk([plain, zstd, b"\x80\x00\x05"], num_records=5)),
+    ]
+    for frame in cases:
+        sizes = set()
+        for step in (len(frame), 1, 3, 11, 64, 1000):
+            decoder = StreamDecoder(max_frame_size=0)
+            decoder.subscribe(0)
+            got: list[int] = []
+            decoder.admit = lambda chunk: bool(got.append(chunk.decoded_size))
+            for i in range(0, len(frame), step):
+                decoder.feed(frame[i:i + step])
+                decoder.next_event()  # a chunk once whole; the walk goes on before
+            assert len(got) == 1, step
+            sizes.add(got[0])
+        assert len(sizes) == 1, sizes
+
+
 def test_decoded_size_is_read_from_the_headers_and_decoding_can_wait():
     """``Chunk.decoded_size``: the frame, what its compressed sub-batches
     declare, 32 bytes a record, known before anything is inflated; a chunk
