@@ -9,7 +9,7 @@
  * ones (glibc serves them with mmap), one fault where there were 512. */
 enum { HUGE_PAGE = 2u << 20 };
 
-static void advise_huge(uint8_t *p, size_t cap)
+void ps_advise_huge(uint8_t *p, size_t cap)
 {
 #ifdef MADV_HUGEPAGE
     uintptr_t start = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
@@ -37,7 +37,7 @@ int ps_buf_grow(ps_buf *b, size_t extra)
     if (!p)
         return PS_E_NOMEM;
     if (cap >= 2 * (size_t)HUGE_PAGE)
-        advise_huge(p, cap);
+        ps_advise_huge(p, cap);
     b->p = p;
     b->cap = cap;
     return 0;

@@ -17,6 +17,10 @@ typedef struct ps_buf {
 
 int ps_buf_grow(ps_buf *b, size_t extra);
 
+/* Ask for 2 MiB pages over the whole ones in [p, p+cap): one page fault
+ * where there were 512, for memory written soon after it is allocated. */
+void ps_advise_huge(uint8_t *p, size_t cap);
+
 /* Room for `extra` more bytes (and p != NULL); 0 on success, PS_E_NOMEM
  * otherwise. */
 static inline int ps_buf_reserve(ps_buf *b, size_t extra)

@@ -45,6 +45,7 @@ cdef extern from "buf.h":
         uint8_t *p
         size_t len
         size_t cap
+    void ps_advise_huge(uint8_t *p, size_t cap) nogil
 
 cdef extern from "batch.h":
     enum:

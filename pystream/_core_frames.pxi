@@ -77,6 +77,7 @@ cdef _Block new_block(size_t need):
     b.data = <uint8_t *>malloc(cap)
     if b.data == NULL:
         raise MemoryError()
+    ps_advise_huge(b.data, cap)  # a chunk's reads fill it at once
     b.cap = cap
     return b
 
