@@ -38,6 +38,11 @@ PY = sys.executable
 PYSPY = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
 
 
+# Samples a second and CPU: a window of half a second must give the client
+# a few thousand samples, or a symbol's share moves by whole percents.
+PERF_HZ = 2999
+
+
 def cases(uri: str) -> dict[str, list[str]]:
     consume = [PY, "-m", "bench.bench_consume", "--uri", uri, "--stall", "60"]
     publish = [PY, "-m", "bench.bench_publish", "--uri", uri, "--stall", "60"]
@@ -108,7 +113,8 @@ def run(name: str, cmd: list[str], uri: str) -> None:
             admin.create_stream("bench-profile-publish")
     env = harness.child_env(uri)
     info = harness.machine(None)
-    text = [f"# {name}", "", f"CPU class {info['cpu_class']}, CRC {info['code_paths']['crc']}",
+    text = [f"# {name}", "",
+            f"CPU class {info['cpu_class']}, CRC {info['code_paths']['crc']}; perf at {PERF_HZ} Hz",
             "", "command: " + " ".join(cmd[:2] + ["..."] + cmd[-8:]), ""]
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +131,7 @@ def run(name: str, cmd: list[str], uri: str) -> None:
                 os.mkfifo(ack)
                 control = ["-D", "-1", "--control", f"fifo:{ctl},{ack}"]
                 env = {**env, harness.PERF_CONTROL_ENV: f"{ctl},{ack}"}
-            proc = subprocess.run(["perf", "record", "-q", "-a", "-g", "-F", "499",
+            proc = subprocess.run(["perf", "record", "-q", "-a", "-g", "-F", str(PERF_HZ),
                                    *control, "-o", str(data), "--", *shell],
                                   capture_output=True, text=True, env=env)
             env.pop(harness.PERF_CONTROL_ENV, None)
