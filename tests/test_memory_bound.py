@@ -155,7 +155,7 @@ def test_decoded_size_is_the_same_however_the_frame_arrives():
             decoder = StreamDecoder(max_frame_size=0)
             decoder.subscribe(0)
             got: list[int] = []
-            decoder.admit = lambda chunk: bool(got.append(chunk.decoded_size))
+            decoder.admit = lambda chunk, seen=got: bool(seen.append(chunk.decoded_size))
             for i in range(0, len(frame), step):
                 decoder.feed(frame[i:i + step])
                 decoder.next_event()  # a chunk once whole; the walk goes on before
