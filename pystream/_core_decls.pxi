@@ -127,7 +127,6 @@ cdef extern from "chunk.h":
     int ps_chunk_decode(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
     int ps_chunk_check_crc(const ps_chunk *c, uint32_t crc, ps_error *err) nogil
     int ps_chunk_decode_records(const ps_chunk *c, ps_batch *b, ps_error *err) nogil
-    uint64_t ps_chunk_inflated_size(const ps_chunk *c) nogil
     ctypedef struct ps_size_walk:
         uint64_t size
     void ps_size_walk_step(ps_size_walk *w, const ps_chunk *c, size_t have) nogil
