@@ -33,6 +33,9 @@ Clients, each run in a fresh process with its own connection:
   never reads an entry. What the broker and loopback TCP allow. (Reads of
   whatever is there and credit at a chunk's header made it slower than
   pystream at 1 KiB: 2.3-2.5 against 2.7-2.9 M msg/s.)
+* ``wire-crc`` (not by default): the same C reader checking each chunk's
+  CRC-32 as its entries arrive (ISA-L, as pystream; the CPU class's fold
+  under ``PYSTREAM_BENCH_CPU_CLASS``): what a reader that checks costs.
 * ``pystream``: ``client.consumer(stream, offset="first")`` with its
   defaults (CRC on, AMQP decoded, ``body="view"``), one Arrow batch per chunk.
 * ``pystream-raw`` (not by default): the same with ``amqp=False``.
@@ -56,9 +59,10 @@ from __future__ import annotations
 from bench import harness
 from bench.harness import PROGRESS, Window
 
-CLIENTS = ("wire", "pystream", "pystream-raw", "rbfly", "rstream")
+CLIENTS = ("wire", "wire-crc", "pystream", "pystream-raw", "rbfly", "rstream")
 DEFAULT = ("wire", "pystream", "rbfly", "rstream")
 PEERS = ("rbfly", "rstream")
+LABELS = {"wire-crc": "C reader, CRC checked"}
 STREAMS = {"bench-100b": 100, "bench-1k": 1024}
 
 
@@ -238,9 +242,10 @@ def prefill(uri: str, stream: str, body_size: int, count: int) -> int:
 
 
 def run_one(args, row: dict, reader: str) -> dict:
-    if reader == "wire":
+    if reader in ("wire", "wire-crc"):
+        crc = ["crc"] if reader == "wire-crc" else []
         return harness.run_wire("consume", args.uri, row["stream"], row["messages"],
-                                args.wire_window, timeout=args.timeout)
+                                args.wire_window, *crc, timeout=args.timeout)
     cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
            "--child", reader, "--stream", row["stream"],
            "--target", str(row["messages"]), "--body-size", str(row["body_size"]),
@@ -288,17 +293,19 @@ def main() -> None:
     out_rows = {}
     for k in keys:
         r = all_rows[k]
-        out_clients = {c: {"label": harness.label(c) if c in PEERS else c,
+        out_clients = {c: {"label": harness.label(c) if c in PEERS else LABELS.get(c, c),
                            "summary": harness.summarize(c_runs, r["body_size"]),
                            "runs": c_runs}
                        for c, c_runs in grouped[k].items()}
         out_rows[k] = {**r, "stream_end": ends[r["stream"]], "clients": out_clients}
         harness.print_clients(f"{k}: {r['messages']:,} × {r['body_size']} B from "
                               f"{r['stream']}", out_clients, mb=True)
-        w, p = out_clients.get("wire", {}).get("summary"), \
-            out_clients.get("pystream", {}).get("summary")
-        if w and p:
-            print(f"   pystream / wire = {p['msg_per_s_median'] / w['msg_per_s_median']:.1%}")
+        p = out_clients.get("pystream", {}).get("summary")
+        for ref in ("wire", "wire-crc"):
+            w = out_clients.get(ref, {}).get("summary")
+            if w and p:
+                print(f"   pystream / {ref} = "
+                      f"{p['msg_per_s_median'] / w['msg_per_s_median']:.1%}")
     harness.write_results(args.json, info, {
         "benchmark": "consume", "repeat": args.repeat, "wire_window": args.wire_window,
         "rows": out_rows})

@@ -48,6 +48,8 @@ def cases(uri: str) -> dict[str, list[str]]:
     publish = [PY, "-m", "bench.bench_publish", "--uri", uri, "--stall", "60"]
     return {
         "consume-1k-wire": harness.wire_cmd("consume", uri, "bench-1k", 1_000_000, 64),
+        "consume-1k-wire-crc": harness.wire_cmd("consume", uri, "bench-1k", 1_000_000, 64,
+                                                "crc"),
         "consume-1k-pystream": consume + ["--child", "pystream", "--stream", "bench-1k",
                                           "--target", "1000000", "--body-size", "1024"],
         "consume-100b-wire": harness.wire_cmd("consume", uri, "bench-100b", 10_000_000, 64),
