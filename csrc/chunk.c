@@ -264,16 +264,20 @@ static int decompress(const ps_chunk *c, ps_batch *b, const entry *e,
 }
 
 /* Each entry's header is a load the next one's address depends on: once a
- * chunk has left the cache, that chain waits on memory at every record.
- * Records of one chunk are mostly of one size, so the header PREFETCH_ENTRIES
- * on is asked for now, at the address it has if they are (a guess that is
- * wrong costs one useless load, and a prefetch never faults). */
-enum { PREFETCH_ENTRIES = 16 };
+ * chunk has left the cache, that chain waits on memory at every record, and
+ * with records of many cache lines the hardware's prefetcher, following the
+ * reads, falls behind.  Records of one chunk are mostly of one size, so the
+ * header PREFETCH_ENTRIES on is asked for now, at the address it has if they
+ * are (a guess that is wrong costs one useless load; a prefetch never
+ * faults).  Small records come in order anyway, and the check would cost
+ * more than it saves. */
+enum { PREFETCH_ENTRIES = 16, PREFETCH_MIN_ENTRY = 512 };
 
 static inline void prefetch_ahead(const uint8_t *q, const uint8_t *end, size_t entry_size)
 {
 #if defined(__GNUC__) || defined(__clang__)
-    if (entry_size <= (size_t)(end - q) / PREFETCH_ENTRIES)
+    if (entry_size >= PREFETCH_MIN_ENTRY &&
+        (uint64_t)entry_size * PREFETCH_ENTRIES < (uint64_t)(end - q))
         __builtin_prefetch(q + PREFETCH_ENTRIES * entry_size);
 #else
     (void)q;
