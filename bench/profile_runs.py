@@ -81,7 +81,50 @@ def perf_summary(data: Path, pid: int, window: bool) -> str:
             + ("(the measured window only):\n" if window else
                "(its whole life, start-up included; the result line above is the "
                "measured window):\n")
-            + "\n".join(syms) + "\n")
+            + "\n".join(syms) + "\n\n" + time_split(data, pid))
+
+
+# Where a client's samples go, each sample in the first class its stack
+# matches: network processing that ran in the client's context (on loopback
+# that includes the sender's transmit of what the client's ACKs let go),
+# the kernel copying received bytes out, the CRC, pystream's C core, Python.
+# Each test gets the symbols of the whole stack, the leaf's symbol and DSO.
+SPLIT = (
+    ("network processing in the client's context (softirq)",
+     lambda stack, sym, dso: "handle_softirqs" in stack),
+    ("the kernel copying received bytes to the client",
+     lambda stack, sym, dso: "_copy_to_iter" in stack),
+    ("CRC-32", lambda stack, sym, dso: "crc32" in sym),
+    ("pystream's C core (decode, frame walk)", lambda stack, sym, dso: "_core." in dso),
+    ("Python, pyarrow and libc", lambda stack, sym, dso: any(
+        d in dso for d in ("libpython", "lib.cpython", "libarrow", "libc."))),
+    ("the rest of the kernel (syscalls, scheduling, faults)",
+     lambda stack, sym, dso: "kernel" in dso),
+)
+
+
+def time_split(data: Path, pid: int) -> str:
+    out = subprocess.run(["perf", "script", "-i", str(data), "--pid", str(pid),
+                          "-F", "ip,sym,dso"], capture_output=True, text=True).stdout
+    counts: collections.Counter = collections.Counter()
+    total = 0
+    for sample in out.split("\n\n"):
+        frames = [parts[1] for parts in (line.split(None, 1)
+                                         for line in sample.strip().splitlines())
+                  if len(parts) == 2]
+        if not frames:
+            continue
+        total += 1
+        stack = " ".join(f.rsplit(" (", 1)[0] for f in frames)
+        sym, _, dso = frames[0].rpartition(" (")
+        label = next((lab for lab, match in SPLIT if match(stack, sym, dso)), "other")
+        counts[label] += 1
+    if not total:
+        return ""
+    lines = [f"  {100 * counts[label] / total:5.1f}%  {label}"
+             for label in [lab for lab, _ in SPLIT] + ["other"]]
+    return ("where the client's samples went (each in the first class its stack "
+            "matches):\n" + "\n".join(lines) + "\n")
 
 
 def pyspy_summary(raw: Path) -> str:
