@@ -711,7 +711,21 @@ def publish_from(producer: Any, seq: int, confirmed: Callable[[int, int], Any], 
     """Send ``seq``..N-1 (with publishing ids ``seq + 1``.. if ``ids``),
     ``confirmed(first, count)`` as confirms come, then wait for them all;
     returns N. A cell's (``run``) paces itself and fails half-way under the
-    exception fault; a child's sends a batch every 10 ms."""
+    exception fault; a child's sends a batch every 10 ms. A cell's events
+    name the first batches that failed, and how."""
+    failed: list[int] = []
+
+    def done(future: Any, first: int, n: int) -> None:
+        exc = future.exception()
+        if exc is None:
+            confirmed(first, n)
+            return
+        failed.append(first)
+        if run is not None and len(failed) <= 3:
+            run.cell.events.append(f"batch from {first} failed: {type(exc).__name__}: {exc}")
+
+    if run is not None and seq:
+        run.cell.events.append(f"publishing again from {seq}")
     while seq < N:
         if run is not None and run.strikes(seq >= N // 2):
             raise AppError("the application failed")
@@ -720,7 +734,7 @@ def publish_from(producer: Any, seq: int, confirmed: Callable[[int, int], Any], 
         future = (producer.send_batch(batch, publishing_id=seq + 1) if ids
                   else producer.send_batch(batch))
         future.add_done_callback(
-            lambda f, s=seq, n=n: f.exception() is None and confirmed(s, n))
+            lambda f, s=seq, n=n: done(f, s, n))
         seq += n
         if run is not None:
             pace(run, seq)
