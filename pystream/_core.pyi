@@ -64,10 +64,17 @@ class FrameReader:
         """Free space at the end of the receive buffer, as a writable
         memoryview; write into it, then ``commit`` the count."""
     @property
+    def last_arrival(self) -> float:
+        """When bytes last came in, on the clock of ``time.monotonic``."""
+    @property
     def unfinished(self) -> int:
         """Bytes still to come of a frame whose first bytes are in, else 0."""
     def commit(self, n: int) -> None:
         """``n`` bytes were written at the start of the last ``writable``."""
+    def recv_rest(self, fd: int, slice_size: int = 1048576) -> bool:
+        """Receive the rest of the frame begun from the blocking socket
+        ``fd`` in ``MSG_WAITALL`` reads of at most ``slice_size`` bytes,
+        each committed as it lands; False if the peer closed it first."""
     def feed(self, data: Buffer) -> None:
         """Append a copy of ``data`` (any bytes-like) to the buffer."""
     def next_frame(self) -> bytes | None:

@@ -40,9 +40,12 @@ from cpython.bytes cimport PyBytes_AsString, PyBytes_FromStringAndSize, PyBytes_
 from cpython.ref cimport PyObject, Py_REFCNT
 from libc.stdint cimport (int32_t, int64_t, uint8_t, uint16_t, uint32_t,
                            uint64_t, uintptr_t)
+from libc.errno cimport EINTR, errno
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+import os
 
 import numpy as np
 import pyarrow as pa

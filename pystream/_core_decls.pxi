@@ -198,6 +198,14 @@ cdef extern from "encode.h":
                        uint32_t *out) nogil
 
 
+# A socket read of the rest of a frame (FrameReader.recv_rest).
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t recv(int fd, void *buf, size_t n, int flags)
+    enum: MSG_WAITALL
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() except -1
+
 # POSIX threads: the CRC worker (_core_crc.pxi), the Arrow stream hand-off
 # (_core_stream.pxi).
 cdef extern from "<pthread.h>" nogil:

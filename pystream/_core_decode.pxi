@@ -352,6 +352,9 @@ cdef class StreamDecoder(FrameReader):
         """Stop decoding this subscription's chunks (a no-op if unknown)."""
         self.subs.pop(subscription_id, None)
 
+    cdef int arrived(self) except -1:
+        return self.check_arriving()
+
     cdef int check_arriving(self) except -1:
         """Continue the CRC of the entries of the incomplete frame buffered,
         if it is a Deliver frame of a subscription that checks CRCs: the

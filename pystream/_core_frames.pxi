@@ -94,6 +94,7 @@ cdef class FrameReader:
     cdef _Block block
     cdef bint busy          # a chunk of this buffer is being decoded without the GIL
     cdef size_t wend        # end of the last writable() view: commit stays inside it
+    cdef timespec arrival   # when bytes last came in (or the reader was made)
 
     def __cinit__(self, max_frame_size=1048576):
         self.block = new_block(BLOCK_SIZE)
@@ -104,6 +105,14 @@ cdef class FrameReader:
         self.r.consumed = 0
         self.r.max_deliver = 0
         self.max_frame_size = max_frame_size
+        clock_gettime(CLOCK_MONOTONIC, &self.arrival)
+
+    @property
+    def last_arrival(self):
+        """When bytes last came in (:meth:`commit`, :meth:`feed`, each read
+        of :meth:`recv_rest`), or the reader was made: seconds on the clock
+        of :func:`time.monotonic`."""
+        return self.arrival.tv_sec + self.arrival.tv_nsec * 1e-9
 
     @property
     def max_frame_size(self):
@@ -196,6 +205,58 @@ cdef class FrameReader:
             raise ValueError("commit count exceeds the writable space")
         self.r.wpos += n
         self.wend = self.r.wpos
+        clock_gettime(CLOCK_MONOTONIC, &self.arrival)
+
+    cdef int arrived(self) except -1:
+        """Bytes were committed (a stream decoder checks those of a chunk
+        while they are in the cache)."""
+        return 0
+
+    def recv_rest(self, int fd, Py_ssize_t slice_size=1048576):
+        """Receive the rest of the frame begun (see :attr:`unfinished`) from
+        the blocking socket ``fd``: reads of at most ``slice_size`` bytes
+        that wait for all of them (``MSG_WAITALL``), the GIL released in
+        each, each committed as it lands, no further than the frame's end.
+
+        What a loop of :meth:`writable`, ``recv_into`` and :meth:`commit`
+        does, without a round of Python per read (a chunk of 8 MB is eight
+        of them).  Returns False if the peer closed the socket first (what
+        came before is committed), else True.  Signal handlers run after
+        every read, as ``recv_into`` runs them; one that raises leaves what
+        was read committed.  An error of the socket raises ``OSError``."""
+        cdef size_t missing, want
+        cdef ssize_t n
+        cdef int err = 0
+        if slice_size < 1:
+            raise ValueError("slice_size must be positive")
+        self.check_idle()
+        while self.r.wpos != self.r.rpos:
+            missing = ps_reader_missing(&self.r)
+            if not missing:
+                break
+            self.reserve(1)   # room for the whole frame
+            want = self.r.cap - self.r.wpos
+            if want > missing:
+                want = missing
+            if want > <size_t>slice_size:
+                want = <size_t>slice_size
+            self.busy = True
+            with nogil:
+                n = recv(fd, self.r.buf + self.r.wpos, want, MSG_WAITALL)
+                if n < 0:
+                    err = errno
+            self.busy = False
+            if n > 0:
+                self.r.wpos += <size_t>n
+                self.wend = self.r.wpos
+                clock_gettime(CLOCK_MONOTONIC, &self.arrival)
+                self.arrived()
+            elif n == 0:
+                return False
+            elif err != EINTR:
+                raise OSError(err, os.strerror(err))
+            PyErr_CheckSignals()
+        return True
 
     def feed(self, data):
         """Append a copy of ``data`` (any bytes-like) to the buffer."""
@@ -208,6 +269,7 @@ cdef class FrameReader:
                 memcpy(self.r.buf + self.r.wpos, view.buf, <size_t>view.len)
                 self.r.wpos += <size_t>view.len
                 self.wend = self.r.wpos
+                clock_gettime(CLOCK_MONOTONIC, &self.arrival)
         finally:
             PyBuffer_Release(&view)
 

@@ -109,7 +109,7 @@ class Connection:
         self._closing = False  # we sent Close: the broker's EOF is expected
         self._closed = threading.Event()
         self._counted = False  # in the open connections metric
-        self._last_read = self._last_write = time.monotonic()
+        self._last_write = time.monotonic()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed.is_set() else "open"
@@ -294,26 +294,25 @@ class Connection:
 
     def _read_once(self, sock: socket.socket, reader: StreamDecoder,
                    first: bool = False) -> None:
-        size, flags = READ_SLICE, 0  # whatever is there
-        while True:
-            view = reader.writable()  # room for all of a begun frame
-            n = sock.recv_into(view, min(size, len(view)), flags)
-            if n == 0:
-                raise ConnectionLost(f"{self.address.uri()} closed the socket")
-            if first:
-                self._check_not_tls(view[:n])
-                first = False
-            reader.commit(n)
-            self._last_read = time.monotonic()
-            self._drain(reader)
-            # The rest of a frame begun is on its way (a broker writes a
-            # chunk's header, then sendfile()s its records): wait for it in
-            # reads of READ_SLICE, not a wake-up from poll and then a read.
-            # The TLS layer takes no flags.
-            size = min(reader.unfinished, READ_SLICE)
-            if not size or self.ssl_context is not None:
-                return
-            flags = socket.MSG_WAITALL
+        view = reader.writable()  # whatever is there
+        n = sock.recv_into(view, min(READ_SLICE, len(view)))
+        if n == 0:
+            raise ConnectionLost(f"{self.address.uri()} closed the socket")
+        if first:
+            self._check_not_tls(view[:n])
+        reader.commit(n)
+        self._drain(reader)
+        # The rest of a frame begun is on its way (a broker writes a
+        # chunk's header, then sendfile()s its records): wait for it in
+        # reads of READ_SLICE, not a wake-up from poll and then a read.
+        # The TLS layer reads through its own object.
+        if not reader.unfinished:
+            return
+        if self.ssl_context is not None:
+            return
+        if not reader.recv_rest(sock.fileno(), READ_SLICE):
+            raise ConnectionLost(f"{self.address.uri()} closed the socket")
+        self._drain(reader)
 
     def _read_failed(self, exc: BaseException) -> None:
         """End the connection after a read failed (in whichever thread
@@ -481,7 +480,7 @@ class Connection:
         interval = self.heartbeat
         while not self._closed.wait(min(interval / 4, 1.0)):
             now = time.monotonic()
-            if now - self._last_read > 2 * interval:
+            if now - self._reader.last_arrival > 2 * interval:
                 self._fail(ConnectionLost(
                     f"{self.address.uri()} sent nothing for {2 * interval} s "
                     f"(two heartbeat intervals)"))

@@ -340,6 +340,33 @@ def test_crc_checked_as_a_frame_arrives(version):
     assert e.num_records == 3000
 
 
+def test_crc_checked_as_recv_rest_reads_a_frame():
+    """The reads of ``recv_rest`` are checked as they land, as fed pieces
+    are: a good chunk decodes, one with a flipped byte is refused."""
+    import socket
+    import threading
+    bodies = [bytes([i & 0xFF]) * 1000 for i in range(3000)]
+    frame = deliver(chunk([simple_entry(amqp_data(b)) for b in bodies]))
+    bad = bytearray(frame)
+    bad[len(frame) // 2] ^= 0x01
+    d = StreamDecoder(max_frame_size=0)
+    d.subscribe(0)
+    a, b = socket.socketpair()
+    with a, b:
+        for data in (frame, bytes(bad)):
+            t = threading.Thread(target=b.sendall, args=(data[100:],))
+            t.start()
+            d.feed(data[:100])
+            assert d.next_event() is None
+            assert d.recv_rest(a.fileno(), 65536) is True
+            t.join()
+            if data is frame:
+                assert d.next_event().batch.column("body").to_pylist() == bodies
+            else:
+                with pytest.raises(CorruptChunk, match="CRC-32 mismatch"):
+                    d.next_event()
+
+
 def test_decoders_share_the_crc_worker_from_several_threads():
     """Decoders in several threads post to the one worker, or check the
     whole CRC themselves while it has another's half: every chunk is

@@ -178,3 +178,147 @@ def test_golden_frames_split(capture):
     frames = drain(r)
     assert sum(len(f) + 4 for f in frames) == len(wire)
     assert all(f[:2] == b"\x00\x08" for f in frames)
+
+
+# --- recv_rest: the rest of a begun frame, read from a socket -----------------
+
+
+def _sender(sock, data: bytes, piece: int, then_close: bool = False):
+    """Send ``data`` from a thread in pieces, a pause between them."""
+    import threading
+    import time
+
+    def run():
+        for i in range(0, len(data), piece):
+            sock.sendall(data[i:i + piece])
+            time.sleep(0.001)
+        if then_close:
+            sock.close()
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_recv_rest_reads_the_frame_begun_and_nothing_past_it():
+    import socket
+    big = frame(b"\x00\x08\x00\x02" + os.urandom(3 << 20))
+    after = frame(b"\x00\x08\x00\x01next")
+    a, b = socket.socketpair()
+    with a, b:
+        r = FrameReader(max_frame_size=0)
+        r.feed(big[:3])                    # not even the size whole
+        t = _sender(b, big[3:] + after, 100_003)
+        assert r.recv_rest(a.fileno(), 65536) is True
+        t.join()
+        assert r.unfinished == 0
+        assert r.buffered() == len(big)    # the next frame is still in the socket
+        assert r.next_frame() == big[4:]
+        assert a.recv(100) == after
+
+
+def test_recv_rest_says_when_the_peer_closed_amid_the_frame():
+    import socket
+    big = frame(b"\x00\x08\x00\x02" + os.urandom(1 << 20))
+    a, b = socket.socketpair()
+    with a:
+        r = FrameReader(max_frame_size=0)
+        r.feed(big[:10])
+        t = _sender(b, big[10:500_000], 65536, then_close=True)
+        assert r.recv_rest(a.fileno()) is False
+        t.join()
+        assert r.buffered() == 500_000     # what came is kept
+        assert r.next_frame() is None
+
+
+def test_recv_rest_reads_nothing_for_a_refused_frame():
+    import socket
+    a, b = socket.socketpair()
+    with a, b:
+        r = FrameReader(max_frame_size=1000)
+        r.feed(struct.pack(">I", 1 << 30) + b"\x00\x08")
+        b.sendall(b"x" * 100)
+        assert r.recv_rest(a.fileno()) is True   # nothing owed: next_frame says why
+        with pytest.raises(FrameTooLarge):
+            r.next_frame()
+        assert a.recv(200) == b"x" * 100
+
+
+def test_recv_rest_runs_signal_handlers_and_keeps_what_it_read():
+    """A handler that returns lets the read go on (EINTR); one that raises
+    ends it with what was read committed, as ``recv_into`` would."""
+    import signal
+    import socket
+    big = frame(b"\x00\x08\x00\x02" + os.urandom(1 << 20))
+    calls = []
+
+    def quiet(signum, frame):
+        calls.append(signum)
+
+    class Stop(Exception):
+        pass
+
+    def loud(signum, frame):
+        raise Stop
+
+    old = signal.getsignal(signal.SIGALRM)
+    a, b = socket.socketpair()
+    try:
+        with a, b:
+            r = FrameReader(max_frame_size=0)
+            r.feed(big[:10])
+            signal.signal(signal.SIGALRM, quiet)
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            t = _sender(b, big[10:], 20_000)  # 1 ms pauses: the alarm lands amid them
+            assert r.recv_rest(a.fileno(), 1 << 20) is True
+            t.join()
+            assert calls == [signal.SIGALRM]
+            assert r.next_frame() == big[4:]
+            # nothing more comes: the raising handler ends the wait
+            r.feed(big[:10])
+            b.sendall(big[10:1000])
+            signal.signal(signal.SIGALRM, loud)
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(Stop):
+                r.recv_rest(a.fileno(), 1 << 20)
+            assert r.buffered() == 1000
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_recv_rest_raises_the_sockets_error():
+    import socket
+    a, b = socket.socketpair()
+    r = FrameReader()
+    r.feed(b"\x00\x00\x00\x10\x00\x08")
+    fd = a.detach()
+    os.close(fd)
+    b.close()
+    with pytest.raises(OSError):
+        r.recv_rest(fd)
+
+
+def test_last_arrival_moves_with_each_read_of_a_frame():
+    """The connection's heartbeat watch asks the reader when bytes last
+    came: a frame that takes long to arrive keeps it fresh read by read."""
+    import socket
+    import threading
+    import time
+    big = frame(b"\x00\x08\x00\x02" + os.urandom(300_000))
+    r = FrameReader(max_frame_size=0)
+    assert abs(r.last_arrival - time.monotonic()) < 1
+    r.feed(big[:10])
+    seen = []
+    a, b = socket.socketpair()
+    with a, b:
+        def send():
+            for i in range(10, len(big), 100_000):
+                time.sleep(0.05)
+                seen.append(r.last_arrival)
+                b.sendall(big[i:i + 100_000])
+        t = threading.Thread(target=send)
+        t.start()
+        assert r.recv_rest(a.fileno(), 100_000) is True
+        t.join()
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert time.monotonic() - r.last_arrival < 0.05
