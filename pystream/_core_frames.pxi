@@ -194,6 +194,10 @@ cdef class FrameReader:
         """Bytes still to come of a frame whose first bytes are in, else 0:
         the sender is in the middle of it (a broker writes a chunk's header,
         then ``sendfile``s the rest), so they follow at once."""
+        return self.owed()
+
+    cdef size_t owed(self):
+        # ps_reader_missing counts the size prefix of a frame not begun.
         if self.r.wpos == self.r.rpos:
             return 0
         return ps_reader_missing(&self.r)
@@ -230,10 +234,10 @@ cdef class FrameReader:
         if slice_size < 1:
             raise ValueError("slice_size must be positive")
         self.check_idle()
-        while self.r.wpos != self.r.rpos:
-            missing = ps_reader_missing(&self.r)
+        while True:
+            missing = self.owed()
             if not missing:
-                break
+                return True
             self.reserve(1)   # room for the whole frame
             want = self.r.cap - self.r.wpos
             if want > missing:
@@ -256,7 +260,6 @@ cdef class FrameReader:
             elif err != EINTR:
                 raise OSError(err, os.strerror(err))
             PyErr_CheckSignals()
-        return True
 
     def feed(self, data):
         """Append a copy of ``data`` (any bytes-like) to the buffer."""

@@ -306,9 +306,7 @@ class Connection:
         # chunk's header, then sendfile()s its records): wait for it in
         # reads of READ_SLICE, not a wake-up from poll and then a read.
         # The TLS layer reads through its own object.
-        if not reader.unfinished:
-            return
-        if self.ssl_context is not None:
+        if not reader.unfinished or self.ssl_context is not None:
             return
         if not reader.recv_rest(sock.fileno(), READ_SLICE):
             raise ConnectionLost(f"{self.address.uri()} closed the socket")

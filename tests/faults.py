@@ -48,6 +48,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import itertools
 import json
 import logging
 import os
@@ -713,15 +715,13 @@ def publish_from(producer: Any, seq: int, confirmed: Callable[[int, int], Any], 
     returns N. A cell's (``run``) paces itself and fails half-way under the
     exception fault; a child's sends a batch every 10 ms. A cell's events
     name the first batches that failed, and how."""
-    failed: list[int] = []
+    failed = itertools.count(1)
 
     def done(future: Any, first: int, n: int) -> None:
         exc = future.exception()
         if exc is None:
             confirmed(first, n)
-            return
-        failed.append(first)
-        if run is not None and len(failed) <= 3:
+        elif run is not None and next(failed) <= 3:
             run.cell.events.append(f"batch from {first} failed: {type(exc).__name__}: {exc}")
 
     if run is not None and seq:
@@ -733,8 +733,7 @@ def publish_from(producer: Any, seq: int, confirmed: Callable[[int, int], Any], 
         batch = as_binary(bodies(seq, n))
         future = (producer.send_batch(batch, publishing_id=seq + 1) if ids
                   else producer.send_batch(batch))
-        future.add_done_callback(
-            lambda f, s=seq, n=n: done(f, s, n))
+        future.add_done_callback(functools.partial(done, first=seq, n=n))
         seq += n
         if run is not None:
             pace(run, seq)

@@ -122,8 +122,19 @@ def absorb_interrupts(interrupter: threading.Thread) -> int:
             came += 1
 
 
-@pytest.mark.parametrize("how", ["read", "batches"])
-def test_caught_interrupts_lose_and_repeat_nothing(how, caplog):
+# How the interrupts come: raised at the main thread's next check
+# (``interrupt_main``), or a real SIGINT, which also wakes a blocked read
+# (EINTR amid the reads of a chunk's rest, ``FrameReader.recv_rest``).
+SENDERS = {
+    "interrupt_main": _thread.interrupt_main,
+    "sigint": lambda: os.kill(os.getpid(), signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("how, send", [("read", "interrupt_main"),
+                                       ("batches", "interrupt_main"),
+                                       ("batches", "sigint")])
+def test_caught_interrupts_lose_and_repeat_nothing(how, send, caplog):
     """A KeyboardInterrupt the application catches and reads on from may
     land anywhere: between a recv and its commit, amid a chunk's dispatch,
     between a take and its return. What the application got is still
@@ -132,12 +143,13 @@ def test_caught_interrupts_lose_and_repeat_nothing(how, caplog):
     # process, would cancel Spark jobs through py4j on each interrupt.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        caught_interrupts(how, caplog)
+        caught_interrupts(how, SENDERS[send], caplog)
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def caught_interrupts(how: str, caplog: pytest.LogCaptureFixture) -> None:
+def caught_interrupts(how: str, send: Callable[[], None],
+                      caplog: pytest.LogCaptureFixture) -> None:
     n = 1_000_000
     seed = int.from_bytes(os.urandom(4), "little")
     rng = np.random.default_rng(seed)
@@ -147,8 +159,7 @@ def caught_interrupts(how: str, caplog: pytest.LogCaptureFixture) -> None:
         interrupts = 0
         delays = rng.uniform(0, 0.02, 40)
         interrupter = threading.Thread(
-            target=lambda: [(time.sleep(d), _thread.interrupt_main())
-                            for d in delays])
+            target=lambda: [(time.sleep(d), send()) for d in delays])
         with client.consumer(stream, offset="first",
                              max_batch_rows=20_000) as consumer:
             got = 0
