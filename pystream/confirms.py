@@ -48,10 +48,14 @@ class CallbackThread:
         self._queue: queue.SimpleQueue[tuple[Future[Any], list[Callback]]] = \
             queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._ran_some = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        self._handed = 0   # futures whose callbacks were handed over
+        self._ran = 0      # of them, those whose callbacks have run
 
     def run(self, future: Future[Any], callbacks: list[Callback]) -> None:
         with self._lock:
+            self._handed += 1
             self._queue.put((future, callbacks))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -68,11 +72,31 @@ class CallbackThread:
                         self._thread = None
                         return
                 continue
-            for callback in callbacks:
-                try:
-                    callback(future)
-                except Exception:
-                    log.exception("exception calling callback for %r", future)
+            try:
+                for callback in callbacks:
+                    try:
+                        callback(future)
+                    except Exception:
+                        log.exception("exception calling callback for %r", future)
+            finally:
+                with self._lock:
+                    self._ran += 1
+                    self._ran_some.notify_all()
+
+    def drain(self, deadline: float | None) -> bool:
+        """Wait until the callbacks handed over so far have run (at most
+        until the ``time.monotonic`` ``deadline``); whether they have. On
+        the callback thread itself (a callback that flushes), at once."""
+        with self._lock:
+            if threading.current_thread() is self._thread:
+                return True
+            handed = self._handed
+            while self._ran < handed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._ran_some.wait(left)
+            return True
 
 
 class ConfirmFuture(Future[T]):

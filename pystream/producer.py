@@ -217,10 +217,23 @@ class Producer:
                              deadline, timeout)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send what ``send`` gathered and wait for every confirm; raises
-        ``ConfirmTimeout`` (a ``RequestTimeout``) after ``timeout``
-        seconds, or the error that failed the producer."""
+        """Send what ``send`` gathered and wait for every confirm, and for
+        the done-callbacks of the futures they resolved to have run (so that
+        what the callbacks record is complete when it returns). Raises
+        ``ConfirmTimeout`` (a ``RequestTimeout``) if confirms are missing
+        after ``timeout`` seconds, ``TimeoutError`` if every message was
+        confirmed but callbacks still run then, or the error that failed the
+        producer. Called from a done-callback, it waits for no callback."""
         deadline = _deadline(timeout)
+        self._await_confirms(deadline, timeout)
+        if not self._callbacks.drain(deadline):
+            raise TimeoutError(f"every message to {self.stream!r} was confirmed, but "
+                               f"done-callbacks still ran after {timeout:g} s")
+
+    def _await_confirms(self, deadline: float | None, timeout: float | None) -> None:
+        """Send what ``send`` gathered and wait for every confirm; raise
+        ``ConfirmTimeout`` at the deadline, or the error that failed the
+        producer (once the callbacks of the futures it failed have run)."""
         self._send_buffer(wait=False)
         with self._cond:
             while ((self._buffer or self._taken or self._confirms.pending)
@@ -232,8 +245,10 @@ class Producer:
                         f"message(s) to {self.stream!r} not confirmed within "
                         f"{timeout:g} s")
                 self._cond.wait(left)
-            if self._error is not None:
-                raise self._error
+            error = self._error
+        if error is not None:
+            self._callbacks.drain(deadline)
+            raise error
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Send what ``send`` gathered, wait for every confirm (at most
@@ -241,13 +256,14 @@ class Producer:
         future of the producer is resolved when it returns: a message still
         unconfirmed at the deadline fails with ``ConfirmTimeout`` (the broker
         may or may not have stored it; close raises it too), one not sent
-        yet with ``ProducerClosed``."""
+        yet with ``ProducerClosed``; and their done-callbacks have run,
+        unless one still runs at the deadline."""
         if self._closed:
             return
         deadline = _deadline(timeout)
         try:
             if self._error is None:
-                self.flush(timeout)
+                self._await_confirms(deadline, timeout)
         finally:
             with self._cond:
                 self._closed = True
@@ -269,6 +285,9 @@ class Producer:
                 + ": the broker may or may not have stored it"))
             self._disconnect(delete=True, timeout=_left(deadline, at_least=1.0,
                                                         at_most=5.0))
+            if not self._callbacks.drain(deadline):
+                log.warning("producer of %r closed while done-callbacks still ran",
+                            self.stream)
 
     # --- batches ------------------------------------------------------------
 

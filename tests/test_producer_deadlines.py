@@ -1,6 +1,7 @@
 """Every wait of the producer ends: close(timeout) resolves every future by
 its deadline, a send waiting for room in the in-flight window honours its
-timeout, and a done-callback that publishes or blocks holds up no confirm.
+timeout, a done-callback that publishes or blocks holds up no confirm, and
+flush returns once the callbacks of what it waited for have run.
 
 A broker that never confirms is the hostile server (a real one cannot be
 made to withhold confirms alone); the callbacks run against a real one."""
@@ -129,8 +130,33 @@ def test_a_blocking_callback_holds_up_no_other_future(modern, modern_stream):
             assert first.result(10) == 1
             later: Future[int] = p.send_batch([b"a", b"b"])
             assert later.result(10) == 3
-            p.flush(10)
+            # Every message is confirmed; flush says the callbacks are not
+            # all done rather than returning as if they were.
+            with pytest.raises(TimeoutError, match="done-callbacks still ran"):
+                p.flush(0.3)
         finally:
             release.set()
     assert ran_on and ran_on[0] is not threading.current_thread()
     assert not ran_on[0].name.startswith("pystream-reader")
+
+
+@pytest.mark.broker
+def test_flush_returns_once_every_callback_ran(modern, modern_stream):
+    """What the callbacks record is whole when flush returns: the confirms
+    are read on another thread than the one that runs the callbacks."""
+    seen: list[int] = []
+
+    def slow(f: Future[int]) -> None:
+        time.sleep(0.02)
+        seen.append(f.result())
+
+    with modern.producer(modern_stream) as p:
+        for i in range(20):
+            p.send_batch([b"x%d" % i]).add_done_callback(slow)
+        p.flush(30)
+        assert seen == list(range(1, 21))
+        # A callback that flushes waits for no callback (its own included).
+        flushed = threading.Event()
+        p.send(b"last").add_done_callback(lambda f: (p.flush(10), flushed.set()))
+        p.flush(30)
+        assert flushed.is_set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import secrets
 import subprocess
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -206,3 +207,18 @@ def test_a_failed_open_closes_every_partition(writer, super_stream):
         assert list(e.value.failed) == [f"{super_stream}-1"]
         assert isinstance(e.value.failed[f"{super_stream}-1"], pystream.AccessRefused)
         assert not any(client.pool._users.values())  # partitions 0 and 2 closed
+
+
+@pytest.mark.broker
+def test_flush_returns_once_every_batch_callback_ran(modern, super_stream):
+    """A batch's future settles on a partition's callback thread, after the
+    confirm that flush waits for: flush waits for that too."""
+    confirmed: list[int] = []
+    with modern.producer(super_stream=super_stream,
+                         route=lambda b: np.arange(b.num_rows) % 3) as p:
+        for i in range(20):
+            p.send_batch([b"a", b"b", b"c"]).add_done_callback(
+                lambda f, i=i: (time.sleep(0.02), f.result(), confirmed.append(i)))
+        p.flush(30)
+        # Batches settle on the thread of whichever partition confirmed last.
+        assert sorted(confirmed) == list(range(20))
