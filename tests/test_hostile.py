@@ -176,6 +176,26 @@ def test_silent_server_is_lost_after_two_heartbeats():
     assert time.monotonic() - started < 10
 
 
+def test_a_frame_trickling_in_is_not_silence():
+    """A chunk arriving slower than a read's slice per two heartbeat
+    intervals (a slow link, a congested path) keeps the connection: that
+    bytes arrive is the kernel's to say, not the last read's end."""
+    def fault(conn, sub, n):
+        serve_good(conn, sub)
+        slow = golden.deliver(records_chunk(GOOD, 1500, body=b"t" * 1000),
+                              subscription_id=sub.subscription_id)
+        step = len(slow) // 40  # some 1.5 MB over 4 s: 1 MiB takes 2.8 s
+        for i in range(0, len(slow), step):
+            conn.sendall(slow[i:i + step])
+            time.sleep(0.1)
+        server.close()
+
+    server = HostileServer(fault, heartbeat=1, frame_max=4 << 20)
+    offsets, raised = consume(server.uri, deadline=20.0)
+    assert offsets == list(range(GOOD + 1500))
+    assert isinstance(raised, pystream.ConnectionLost)  # only once it is over
+
+
 def test_frame_max_0_keeps_the_deliver_size_limit():
     """frame_max=0 on both sides lifts the negotiated limit only: a Deliver
     size prefix of 4 GiB still fails on max_deliver_size, before the reader
