@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -316,6 +316,21 @@ def _other_sessions_running(me: pathlib.Path) -> bool:
     return False
 
 
+@contextmanager
+def registered_session() -> Iterator[Callable[[], bool]]:
+    """This process registered as a session using the brokers while the
+    block runs, so that a test suite ending meanwhile leaves what it uses
+    (the fault matrix run as a script registers too); yields a call saying
+    whether another session is running."""
+    SESSIONS.mkdir(parents=True, exist_ok=True)
+    me = SESSIONS / str(os.getpid())
+    me.write_text(_start_time(os.getpid()) or "")
+    try:
+        yield lambda: _other_sessions_running(me)
+    finally:
+        me.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def remove_leftovers() -> Iterator[None]:
     """When the suite ends, also after failures, delete every stream, super
@@ -325,19 +340,16 @@ def remove_leftovers() -> Iterator[None]:
     end cleans, so that none deletes another's streams in mid-test.
     PYSTREAM_TEST_KEEP_LEFTOVERS=1 keeps everything (to look at a failure;
     or when suites with an older conftest share the brokers)."""
-    SESSIONS.mkdir(parents=True, exist_ok=True)
-    me = SESSIONS / str(os.getpid())
-    me.write_text(_start_time(os.getpid()) or "")
-    try:
-        yield
-    finally:
-        others = _other_sessions_running(me)
-        me.unlink(missing_ok=True)
-        if not others and not os.environ.get("PYSTREAM_TEST_KEEP_LEFTOVERS"):
-            for url in MANAGEMENT.values():
-                api = leftovers.Management(url)
-                if api.reachable():
-                    leftovers.remove(api, leftovers.leftovers(api))
+    with registered_session() as others_running:
+        try:
+            yield
+        finally:
+            others = others_running()
+    if not others and not os.environ.get("PYSTREAM_TEST_KEEP_LEFTOVERS"):
+        for url in MANAGEMENT.values():
+            api = leftovers.Management(url)
+            if api.reachable():
+                leftovers.remove(api, leftovers.leftovers(api))
 
 
 # --- a build without some libraries (tests/test_build_options.py) -----------

@@ -77,7 +77,7 @@ from pystream import aio
 from tools import results
 
 from . import brokers
-from .conftest import MODERN_URI, ROOT, run_broker
+from .conftest import MODERN_URI, ROOT, registered_session, run_broker
 from .soak import Checker, as_binary, bodies, bodies_of, rows_of
 from .waiting import wait_until
 
@@ -1422,8 +1422,9 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(json.loads(args.child))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("pystream").setLevel(logging.WARNING)
-    matrix = run_matrix(args.paths.split(",") if args.paths else None,
-                        args.faults.split(",") if args.faults else None)
+    with registered_session():
+        matrix = run_matrix(args.paths.split(",") if args.paths else None,
+                            args.faults.split(",") if args.faults else None)
     print(matrix.summary())
     if args.json:
         store(matrix, args.json)
