@@ -435,9 +435,27 @@ class Subscriptions:
                 pass
         if start.type == P.OFFSET_OFFSET:
             position = start.value
-        sub = Subscription(self, stream, start, position)
+        # Pinned after position: that stays None until the first chunk, as
+        # for any "next" or "last" start.
+        sub = Subscription(self, stream, self._pinned(stream, start), position)
         self._subs[stream] = sub
         return sub
+
+    def _pinned(self, stream: str, start: P.OffsetSpec) -> P.OffsetSpec:
+        """``"next"`` and ``"last"`` as the offset they stand for now, where
+        the broker says (RabbitMQ 4.3+): a subscription that breaks before
+        its first chunk then starts again there, not at a later end of the
+        stream, which would skip what was stored while it was away. A
+        single active consumer starts where it is activated, not here."""
+        name = {P.OFFSET_NEXT: "next", P.OFFSET_LAST: "last"}.get(start.type)
+        if (name is None or self.single_active
+                or not self.client.supports("resolve_offset_spec")):
+            return start
+        try:
+            offset = self.client.resolve_offset(stream, name, filter=self.filter)
+        except NoOffset:
+            return start
+        return P.OffsetSpec(P.OFFSET_OFFSET, offset)
 
     def _subscribe(self, sub: Subscription) -> None:
         """Subscribe ``sub`` on a connection to a node holding its stream."""
