@@ -263,6 +263,8 @@ def main() -> None:
     ap.add_argument("--messages-1k", type=int, default=1_000_000)
     ap.add_argument("--wire-window", type=int, default=64,
                     help="chunks in flight of the C reader (pystream's most: 64)")
+    ap.add_argument("--pin", metavar="BROKER/CLIENTS",
+                    help="cores of the broker and of the clients, apart (0/1)")
     ap.add_argument("--stream", help=harness.argparse.SUPPRESS)
     ap.add_argument("--target", type=int, help=harness.argparse.SUPPRESS)
     ap.add_argument("--body-size", type=int, help=harness.argparse.SUPPRESS)
@@ -275,6 +277,8 @@ def main() -> None:
     all_rows = rows(args)
     keys = harness.chosen_rows(ap, args.rows, all_rows)
     info = harness.machine(args.uri)
+    if args.pin:
+        info["pinned"] = harness.pin(args.uri, args.pin)
     harness.banner(info, "consume")
 
     wanted: dict[str, int] = {}
