@@ -209,7 +209,10 @@ def stored(name: str) -> list[dict]:
 
 
 def consume_block() -> str:
-    found = stored("consume")
+    # Then each class again with the broker and the readers on cores
+    # apart (bench_consume --pin), where such results are stored.
+    pinned = ["consume-pinned"] + [f"consume-{e}-pinned" for e in EMULATIONS]
+    found = stored("consume") + [res for res in map(load, pinned) if res]
     if not found:
         return "(no stored results: run `make bench`)\n"
     return "\n".join(consume_section(res) for res in found)
@@ -217,7 +220,11 @@ def consume_block() -> str:
 
 def consume_section(res: dict) -> str:
     cls = cpu_class(res["machine"])
-    out = [f"{cls if cls.startswith('CPU class') else 'CPU class ' + cls}:", ""]
+    pinned = res["machine"].get("pinned")
+    apart = (f", the broker on core {', '.join(map(str, pinned['broker_cpus']))} "
+             f"and the readers on core {', '.join(map(str, pinned['client_cpus']))}"
+             if pinned else "")
+    out = [f"{cls if cls.startswith('CPU class') else 'CPU class ' + cls}{apart}:", ""]
     for _key, row in res["rows"].items():
         guard_rate_row(REFERENCE_LABELS["consume"], row)
         ref_rate = med(row["clients"].get("wire", {}).get("summary"))
