@@ -98,6 +98,7 @@ class Connection:
         self._turn: ReadTurn | None = None  # who reads the socket (see readturn)
         self.max_deliver_size = max_deliver_size
         self._reader = StreamDecoder(self._frame_limit(frame_max))
+        self._committed = False  # every byte read is in the reader's buffer
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
         self._routes = FrameRoutes(self._reader)
@@ -281,6 +282,8 @@ class Connection:
                             f"a read from {self.address.uri()} was interrupted "
                             f"(KeyboardInterrupt or a signal handler's exception)")
                     while not turn.wanted:
+                        if self._left_undrained():
+                            self._drain(reader)
                         if turn.poll(None):
                             self._read_once(sock, reader, first)
                             first = False
@@ -310,9 +313,20 @@ class Connection:
         # The TLS layer reads through its own object.
         if not reader.unfinished or self.ssl_context is not None:
             return
+        # recv_rest commits each read before a signal handler may raise:
+        # an interrupt from here to the drain loses no byte, and the frames
+        # it leaves in the buffer are drained by the next read.
+        self._committed = True
         if not reader.recv_rest(sock.fileno(), READ_SLICE):
             raise ConnectionLost(f"{self.address.uri()} closed the socket")
+        self._committed = False
         self._drain(reader)
+
+    def _left_undrained(self) -> bool:
+        """Whether whole frames wait in the buffer: an interrupt after the
+        reads of a chunk (``_committed``) left them there undrained."""
+        reader = self._reader
+        return bool(reader.buffered()) and not reader.unfinished
 
     def _read_failed(self, exc: BaseException) -> None:
         """End the connection after a read failed (in whichever thread
@@ -352,19 +366,27 @@ class Connection:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
+                if self._left_undrained():
+                    self._drain(self._reader)
+                    continue
                 if turn.poll(left):
                     try:
                         self._read_once(sock, self._reader)
                     except Exception:
+                        self._committed = False
                         raise
                     except BaseException:
                         # An interrupt (KeyboardInterrupt, a signal handler's
                         # exception) amid a read: bytes or a chunk taken off
-                        # the socket may be lost. The reader thread, which no
+                        # the socket may be lost, unless every byte read
+                        # was committed. Then the reader thread, which no
                         # signal interrupts, ends the connection and so
-                        # rewinds its consumers (ReadInterrupted). A store, no
-                        # call: a second interrupt cannot come in between.
-                        turn.torn = True
+                        # rewinds its consumers (ReadInterrupted). Stores, no
+                        # calls: a second interrupt cannot come in between.
+                        if self._committed:
+                            self._committed = False
+                        else:
+                            turn.torn = True
                         raise
             lend = done() and not self._closed.is_set()
         except Exception as exc:
