@@ -72,16 +72,16 @@ class CallbackThread:
                         self._thread = None
                         return
                 continue
-            try:
-                for callback in callbacks:
-                    try:
-                        callback(future)
-                    except Exception:
-                        log.exception("exception calling callback for %r", future)
-            finally:
-                with self._lock:
-                    self._ran += 1
-                    self._ran_some.notify_all()
+            for callback in callbacks:
+                try:
+                    callback(future)
+                except BaseException:
+                    # Even SystemExit: ending this thread would leave every
+                    # later callback unrun, and flush() waiting for them.
+                    log.exception("exception calling callback for %r", future)
+            with self._lock:
+                self._ran += 1
+                self._ran_some.notify_all()
 
     def drain(self, deadline: float | None) -> bool:
         """Wait until the callbacks handed over so far have run (at most

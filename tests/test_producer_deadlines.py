@@ -160,3 +160,17 @@ def test_flush_returns_once_every_callback_ran(modern, modern_stream):
         p.send(b"last").add_done_callback(lambda f: (p.flush(10), flushed.set()))
         p.flush(30)
         assert flushed.is_set()
+
+
+@pytest.mark.broker
+def test_a_callback_raising_system_exit_stops_no_later_callback(modern, modern_stream):
+    seen: list[int] = []
+
+    def leave(f: Future[int]) -> None:
+        raise SystemExit(3)
+
+    with modern.producer(modern_stream) as p:
+        p.send_batch([b"a"]).add_done_callback(leave)
+        p.send_batch([b"b"]).add_done_callback(lambda f: seen.append(f.result()))
+        p.flush(30)
+        assert seen == [2]
