@@ -1,10 +1,10 @@
 """Packaging: the conda recipe (conda/meta.yaml) renders and agrees with
 pyproject.toml and setup.py; the version has one definition; `make wheel`
 (scripts/build-wheel) makes an sdist and a manylinux wheel bundling the
-native libraries, which installs and works in a fresh venv here, in another
-Debian root with another Python and none of the libraries' development
-packages, and with exactly the declared minimum numpy and pyarrow; the sdist
-builds against this machine's libraries."""
+native libraries, which installs and works in a fresh venv here (in other
+CPythons: tests/test_other_pythons.py) and with exactly the declared
+minimum numpy and pyarrow; the sdist builds against this machine's
+libraries."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -29,9 +28,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 import pystream
-from tools.sources import copy_tests, source_tree
+from tools.sources import source_tree
 
-from . import brokers
 from .conftest import ROOT
 from .golden import GOLDEN, require
 
@@ -414,31 +412,6 @@ def test_wheel_installs_in_a_fresh_venv(dist, tmp_path):
                            cwd=tmp_path, env=env).lower()
 
 
-ROUND_TRIP = """
-import sys, pystream
-uri, stream = sys.argv[1:]
-bodies = [b"wheel %d" % i * (i % 7 + 1) for i in range(5000)]
-with pystream.connect(uri) as client:
-    with client.producer(stream, compression="zstd") as producer:
-        producer.send_batch(bodies[:2500]).result(timeout=30)
-    with client.producer(stream) as producer:
-        producer.send_batch(bodies[2500:]).result(timeout=30)
-    with client.consumer(stream, offset="first") as consumer:
-        table = consumer.read(len(bodies), timeout=30)
-got = table.column("body").cast("binary").to_pylist()
-assert got == bodies, (len(got), len(bodies))
-assert table.column("offset").to_pylist() == list(range(len(bodies)))
-print("round trip", len(got), sys.version_info[:2])
-"""
-
-
-# Roots with CPythons other than this machine's (3.11), none with the
-# libraries' development packages: the modern broker's trixie root (3.13),
-# and a forky root made for them (3.14, 3.15). No Debian suite here has 3.12.
-FORKY_PYTHONS_ROOT = BUILD_CACHE / "forky-pythons-root"
-OTHER_PYTHONS = {"3.13": (OTHER_ROOT, "python3"),
-                 "3.14": (FORKY_PYTHONS_ROOT, "python3.14"),
-                 "3.15": (FORKY_PYTHONS_ROOT, "python3.15")}
 # the C core's broker-free tests that need nothing beyond pytest and hypothesis
 ENGINE_TESTS = ("tests/test_core_decode.py", "tests/test_core_encode.py",
                 "tests/test_core_errors.py", "tests/test_core_frame.py")
@@ -449,66 +422,6 @@ def debian_root(suite: str, root: Path, *packages: str) -> Path:
     _run("bash", "-c", ". scripts/lib/debian-mirror.sh; . scripts/lib/debian-root.sh; "
          'debian_root "$@"', "bash", suite, root, *packages, cwd=ROOT, timeout=1800)
     return root
-
-
-@pytest.mark.slow
-@pytest.mark.broker
-@pytest.mark.parametrize("version", sorted(OTHER_PYTHONS))
-def test_abi3_wheel_in_another_python(dist, tmp_path, modern_stream, version):
-    """Another CPython in a Debian root without the libraries' development
-    packages: pip installs the package into a fresh venv there from make
-    wheel's wheels and wheels of numpy, pyarrow, pytest and hypothesis
-    fetched here for that Python. It picks the stable-ABI wheel, which
-    decodes the golden frames, passes the C core's broker-free tests and
-    round-trips 5000 records (zstd sub-batches included) through the modern
-    broker."""
-    root, python = OTHER_PYTHONS[version]
-    if root == FORKY_PYTHONS_ROOT:
-        debian_root("forky", root, "python3.14", "python3.14-venv", "python3.15",
-                    "python3.15-venv")
-    found = _in_root(root, tmp_path, python, "-c",
-                     "import sys; print('%d.%d' % sys.version_info[:2])").strip()
-    assert found == version, found
-    installed = _in_root(root, tmp_path, "sh", "-c",
-                         "dpkg-query -W -f='${Package} ${Status}\\n' || true")
-    assert not any(line.split()[0] in DEV_PACKAGES and "ok installed" in line
-                   for line in installed.splitlines()), installed
-    # pip and the rest for that Python, fetched here (a root's python3 may
-    # have no ensurepip: pip runs from its own wheel)
-    wheels = tmp_path / "wheels"
-    _run(sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
-         "--python-version", version, "--platform", "manylinux_2_28_x86_64",
-         "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-         "-d", wheels, "pip", *_project()["dependencies"], "pytest", "hypothesis",
-         cwd=tmp_path, timeout=600)
-    (pip,) = wheels.glob("pip-*.whl")
-    shutil.copy(dist["wheel"], wheels)
-    shutil.copy(dist["abi3"], wheels)
-    shutil.copy(SMOKE_TEST, tmp_path / "test_decode.py")
-    (tmp_path / "round_trip.py").write_text(ROUND_TRIP)
-    _in_root(root, tmp_path, python, "-m", "venv", "--without-pip", "/work/venv")
-    _in_root(root, tmp_path, "/work/venv/bin/python", f"/work/wheels/{pip.name}/pip",
-             "install", "-q", "--no-index", "--find-links", "/work/wheels", DIST_NAME,
-             "pytest", "hypothesis")
-    core = _in_root(root, tmp_path, "/work/venv/bin/python", "-c",
-                    "import pystream._core as c; print(c.__file__)").strip()
-    assert core.startswith("/work/venv/") and core.endswith(CORE["abi3"]), core
-    out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/test_decode.py")
-    assert "decodes golden frames" in out
-    copy_tests(tmp_path / "checkout")
-    out = _in_root(root, tmp_path, "sh", "-c",
-                   # its HOME is not ours: it would take itself for the only
-                   # suite running and remove every test stream at its end
-                   "cd /work/checkout && PYSTREAM_TEST_KEEP_LEFTOVERS=1 "
-                   "/work/venv/bin/python -P -m pytest -q "
-                   "-p no:cacheprovider --import-mode=append "
-                   "-m 'not broker and not slow' " + " ".join(ENGINE_TESTS), timeout=1200)
-    summary = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed(, \d+ warnings?)? in .*", summary), out[-3000:]
-    uri = brokers.MODERN.uri(host=brokers.MODERN.host)
-    out = _in_root(root, tmp_path, "/work/venv/bin/python", "/work/round_trip.py",
-                   uri, modern_stream)
-    assert f"round trip 5000 ({version.replace('.', ', ')})" in out, out
 
 
 @pytest.mark.slow
