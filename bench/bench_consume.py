@@ -36,6 +36,11 @@ Clients, each run in a fresh process with its own connection:
 * ``wire-crc`` (not by default): the same C reader checking each chunk's
   CRC-32 as its entries arrive (ISA-L, as pystream; the CPU class's fold
   under ``PYSTREAM_BENCH_CPU_CLASS``): what a reader that checks costs.
+* ``wire-keep`` (not by default): ``wire-crc`` receiving each chunk whole
+  into one of three blocks in turn, as pystream receives each chunk into a
+  block its batch keeps (its columns point into it) instead of reading
+  into the same hot MiB again and again: what a checking reader that hands
+  out its records uncopied costs.
 * ``pystream``: ``client.consumer(stream, offset="first")`` with its
   defaults (CRC on, AMQP decoded, ``body="view"``), one Arrow batch per chunk.
 * ``pystream-raw`` (not by default): the same with ``amqp=False``.
@@ -59,10 +64,11 @@ from __future__ import annotations
 from bench import harness
 from bench.harness import PROGRESS, Window
 
-CLIENTS = ("wire", "wire-crc", "pystream", "pystream-raw", "rbfly", "rstream")
+CLIENTS = ("wire", "wire-crc", "wire-keep", "pystream", "pystream-raw", "rbfly", "rstream")
 DEFAULT = ("wire", "pystream", "rbfly", "rstream")
 PEERS = ("rbfly", "rstream")
-LABELS = {"wire-crc": "C reader, CRC checked"}
+LABELS = {"wire-crc": "C reader, CRC checked",
+          "wire-keep": "C reader, CRC checked, chunks kept whole"}
 STREAMS = {"bench-100b": 100, "bench-1k": 1024}
 
 
@@ -242,8 +248,8 @@ def prefill(uri: str, stream: str, body_size: int, count: int) -> int:
 
 
 def run_one(args, row: dict, reader: str) -> dict:
-    if reader in ("wire", "wire-crc"):
-        crc = ["crc"] if reader == "wire-crc" else []
+    if reader in ("wire", "wire-crc", "wire-keep"):
+        crc = {"wire": [], "wire-crc": ["crc"], "wire-keep": ["crc,keep"]}[reader]
         return harness.run_wire("consume", args.uri, row["stream"], row["messages"],
                                 args.wire_window, *crc, timeout=args.timeout)
     cmd = [*harness.self_cmd(__spec__), "--uri", args.uri,
@@ -305,7 +311,7 @@ def main() -> None:
         harness.print_clients(f"{k}: {r['messages']:,} × {r['body_size']} B from "
                               f"{r['stream']}", out_clients, mb=True)
         p = out_clients.get("pystream", {}).get("summary")
-        for ref in ("wire", "wire-crc"):
+        for ref in ("wire", "wire-crc", "wire-keep"):
             w = out_clients.get(ref, {}).get("summary")
             if w and p:
                 print(f"   pystream / {ref} = "

@@ -71,6 +71,69 @@ def verdict(ok: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "not measured"}[ok]
 
 
+#: How sure a "lower than" must be: the one-sided p-value of the runs.
+LOWER_SHOWN_P = 0.05
+
+
+def lower_p(a: list[float], b: list[float]) -> float:
+    """The one-sided p-value that a's values lie lower than b's (the
+    Mann-Whitney U test, normal approximation with continuity and tie
+    corrections): runs of two clients, each an independent draw."""
+    import math
+    n, m = len(a), len(b)
+    if not n or not m:
+        return 1.0
+    pooled = sorted((v, i) for i, v in enumerate([*a, *b]))
+    ranks = [0.0] * (n + m)
+    ties = 0.0
+    k = 0
+    while k < len(pooled):
+        j = k
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[k][0]:
+            j += 1
+        for t in range(k, j + 1):
+            ranks[pooled[t][1]] = (k + j) / 2 + 1
+        ties += (j - k + 1) ** 3 - (j - k + 1)
+        k = j + 1
+    u = sum(ranks[:n]) - n * (n + 1) / 2   # pairs where a's value is the higher
+    var = n * m / 12 * ((n + m + 1) - ties / ((n + m) * (n + m - 1)))
+    if var <= 0:
+        return 1.0
+    z = (u - n * m / 2 + 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def paired_lower_p(a: list[float], b: list[float]) -> float:
+    """The one-sided p-value that a[i] lies lower than b[i], pairs taken in
+    the same run (the sign test, exact; equal pairs left out)."""
+    import math
+    wins = sum(x < y for x, y in zip(a, b, strict=True))
+    n = wins + sum(x > y for x, y in zip(a, b, strict=True))
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
+
+
+def lower_verdict(a: list[float], b: list[float],
+                  paired: bool = False) -> bool | None | str:
+    """Whether a's runs lie lower than b's (``paired``: a[i] and b[i] from
+    the same run): True when the runs show it, False when they show the
+    opposite or a's median is not the lower, "not shown" when a's median
+    is lower by less than the runs' spread."""
+    import statistics
+    if not a or not b:
+        return None
+    test = paired_lower_p if paired else lower_p
+    if test(a, b) < LOWER_SHOWN_P:
+        return True
+    if test(b, a) < LOWER_SHOWN_P or statistics.median(a) >= statistics.median(b):
+        return False
+    return "not shown"
+
+
+def verdict_of(ok: bool | None | str) -> str:
+    """verdict(), and "**not shown**" for a difference within the spread."""
+    return "**not shown** (within the runs' spread)" if ok == "not shown" else verdict(ok)
+
+
 def cpu_class(m: dict) -> str:
     """The CPU class a result was measured on (tools/results.py names it
     from the CPU's flags); results stored before the flags were recorded

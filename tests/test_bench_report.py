@@ -238,3 +238,57 @@ def test_every_import_of_a_benchmark_module_names_the_bench_package():
             bare += [f"{path.relative_to(ROOT)}:{node.lineno} {n}"
                      for n in names if n.split(".")[0] in own]
     assert not bare
+
+
+def test_lower_is_met_only_when_the_runs_show_it():
+    """A peer's p99 "below" is judged from the runs (Mann-Whitney U), not
+    from medians that the runs' spread can swap: a tie or a small gap
+    inside the spread is "not shown", never "met"."""
+    apart_low, apart_high = [2.0, 2.1, 2.2, 2.3, 2.4], [3.0, 3.1, 3.2, 3.3, 3.4]
+    # the exact one-sided p of five against five wholly apart is 1/252
+    assert 1 / 252 < report_format.lower_p(apart_low, apart_high) < 0.01
+    assert report_format.lower_verdict(apart_low, apart_high) is True
+    assert report_format.lower_verdict(apart_high, apart_low) is False
+    spread = [1.98, 2.85, 2.12, 2.54, 2.41, 2.60, 2.30, 2.70, 2.20, 2.75]
+    assert report_format.lower_verdict(spread, spread) is False  # a tie: not lower
+    slightly = [x - 0.01 for x in spread]
+    assert report_format.lower_verdict(slightly, spread) == "not shown"
+    assert report_format.verdict_of("not shown").startswith("**not shown**")
+
+
+def test_a_stored_verdict_of_met_is_judged_again(monkeypatch):
+    """Results stored with a verdict by a laxer rule render by today's."""
+    spread = [1.98, 2.85, 2.12, 2.54, 2.41, 2.60, 2.30, 2.70, 2.20, 2.75]
+
+    def client(label, p99s):
+        return {"label": label, "p99_median_ms": sorted(p99s)[len(p99s) // 2],
+                "runs": [{"p99_ms": x} for x in p99s]}
+    fake = {"rates": {"1000": {"wire": client("C", spread), "pystream": client("pystream", spread),
+                               "rbfly": client("rbfly 0.10.0", spread)}},
+            "targets": [{"rate": 1000, "against": "rbfly", "pystream_p99_ms": 2.54,
+                         "other_p99_ms": 2.54, "met": True}]}
+    monkeypatch.setattr(report, "load", lambda name: fake if name == "latency" else None)
+    text = report.targets_block()
+    assert "rbfly 0.10.0's 2.54 ms (target: lower): **not met**" in text
+
+
+def test_runs_read_together_are_judged_run_by_run():
+    """With ``--together`` both clients read the same messages in each
+    run: a gap smaller than the spread across runs is shown when every run
+    has pystream lower, and a loss in most runs is a loss."""
+    from bench.bench_latency import check_targets
+    assert report_format.paired_lower_p([1.0] * 10, [1.1] * 10) == 1 / 1024
+    base = [1.98, 2.85, 2.12, 2.54, 2.41, 2.60, 2.30, 2.70, 2.20, 2.75]
+
+    def runs(p99s, names=("pystream", "rbfly")):
+        return {"label": "x", "p99_median_ms": sorted(p99s)[len(p99s) // 2],
+                "runs": [{"p99_ms": x, "together": list(names)} for x in p99s]}
+    lower = [x - 0.01 for x in base]
+    rates = {"1000": {"pystream": runs(lower), "rbfly": runs(base)}}
+    assert [t["met"] for t in check_targets(rates)] == [True]
+    rates = {"1000": {"pystream": runs(base), "rbfly": runs(lower)}}
+    assert [t["met"] for t in check_targets(rates)] == [False]
+    # the same figures, runs taken in turn: within the spread
+    apart = {n: {**c, "runs": [{"p99_ms": r["p99_ms"]} for r in c["runs"]]}
+             for n, c in {"pystream": runs(lower), "rbfly": runs(base)}.items()}
+    assert [t["met"] for t in check_targets({"1000": apart})] == ["not shown"]

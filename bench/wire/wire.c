@@ -12,7 +12,10 @@
  *       at offset COUNT. With "crc" after WINDOW, also check each chunk's
  *       CRC-32 (ISA-L's crc32_gzip_refl, loaded at run time) over its
  *       entries as they arrive, as pystream does: what a checking reader
- *       costs.
+ *       costs. With "crc,keep", also receive each chunk whole into one of
+ *       three blocks taken in turn, as a client whose records point into
+ *       the bytes received (pystream's batches) must keep them: what a
+ *       checking reader that hands its records out uncopied costs.
  *   wire publish HOST PORT USER PASS VHOST STREAM COUNT BODY [IN_FLIGHT]
  *       Pre-encoded Publish frames (~1 MiB) of AMQP 1.0 messages (one data
  *       section of BODY bytes whose first 8 are a big-endian counter), only
@@ -348,7 +351,21 @@ static int cmd_consume(char **a, int n) {
     const char *stream = a[5];
     uint64_t count = strtoull(a[6], NULL, 10);
     int window = n > 7 ? atoi(a[7]) : 64;
-    crc_fn check = n > 8 && !strcmp(a[8], "crc") ? load_crc() : NULL;
+    const char *opts = n > 8 ? a[8] : "";
+    crc_fn check = strstr(opts, "crc") ? load_crc() : NULL;
+    /* keep: each chunk lands whole in one of KEEP_BLOCKS blocks, taken in
+     * turn, as a client that hands out its records uncopied must keep it */
+    int keep = strstr(opts, "keep") != NULL;
+    enum { KEEP_BLOCKS = 3 };
+    uint8_t *kblock[KEEP_BLOCKS] = {0};
+    size_t kcap = 16u << 20, koff = 0;
+    int kturn = 0;
+    if (keep)
+        for (int i = 0; i < KEEP_BLOCKS; i++) {
+            kblock[i] = malloc(kcap);
+            if (!kblock[i]) die("out of memory");
+            memset(kblock[i], 0, kcap);
+        }
     size_t head_left = 0;   /* of the frame being skipped: not entries */
     uint32_t crc = 0, crc_want = 0;
     conn_t c = {0};
@@ -377,9 +394,14 @@ static int cmd_consume(char **a, int n) {
         for (;;) {
             size_t avail = c.end - c.pos;
             if (skip) {
+                size_t k = avail < skip ? avail : skip;
+                if (keep) {
+                    if (koff + k > kcap) die("chunk larger than a keep block");
+                    memcpy(kblock[kturn] + koff, c.buf + c.pos, k);
+                    koff += k;
+                }
                 if (check)
-                    crc_feed(check, c.buf + c.pos, avail < skip ? avail : skip,
-                             &head_left, &crc);
+                    crc_feed(check, c.buf + c.pos, k, &head_left, &crc);
                 if (avail < skip) { skip -= avail; c.pos = c.end; break; }
                 c.pos += skip;
                 skip = 0;
@@ -409,6 +431,7 @@ static int cmd_consume(char **a, int n) {
                     next_offset = get64(h + 24) + recs;
                 }
                 skip = 4 + (size_t)size;
+                if (keep) { kturn = (kturn + 1) % KEEP_BLOCKS; koff = 0; }
                 head_left = head + CHUNK_HEADER;
                 crc = 0;
                 crc_want = get32(h + 32);
@@ -441,6 +464,23 @@ static int cmd_consume(char **a, int n) {
         if (skip && c.pos == c.end) {
             want = skip < READ_SLICE ? skip : READ_SLICE;
             flags = MSG_WAITALL;
+            if (keep) {
+                /* straight into the chunk's block, as pystream reads */
+                if (koff + want > kcap) die("chunk larger than a keep block");
+                ssize_t got = recv(c.fd, kblock[kturn] + koff, want, flags);
+                if (got < 0 && errno == EINTR) continue;
+                if (got <= 0) die("the broker closed the socket");
+                if (check)
+                    crc_feed(check, kblock[kturn] + koff, (size_t)got, &head_left, &crc);
+                koff += (size_t)got;
+                skip -= (size_t)got;
+                recvs++;
+                if (!skip) {
+                    if (check && crc != crc_want) die("chunk CRC-32 mismatch");
+                    if (owed) { send_credit(c.fd, owed); owed = 0; }
+                }
+                continue;
+            }
         }
         ssize_t got = recv(c.fd, c.buf + c.end, want, flags);
         if (got < 0 && errno == EINTR) continue;
