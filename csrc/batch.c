@@ -32,6 +32,19 @@ static int col_init(ps_col *c, int kind, int width)
     return 0;
 }
 
+/* Empty again for the next batch, keeping its allocations (a buffer that
+ * was handed over is NULL, and allocated anew). */
+static int col_clear(ps_col *c)
+{
+    c->length = c->nulls = 0;
+    c->validity.len = c->values.len = c->data.len = 0;
+    if (c->kind == PS_KIND_BYTES || c->kind == PS_KIND_LIST) {
+        int32_t zero = 0;
+        return ps_buf_put(&c->values, &zero, 4);
+    }
+    return 0;
+}
+
 static void col_free(ps_col *c)
 {
     ps_buf_free(&c->validity);
@@ -189,9 +202,15 @@ void ps_batch_free(ps_batch *b)
 
 int ps_batch_reset(ps_batch *b)
 {
-    EACH_COL(b, col_free);
+    int rc = 0;
     free_regions(b);
-    return cols_init(b);
+    b->rows = 0;
+    b->offset.len = b->timestamp.len = b->views.len = 0;
+    b->input_region = b->concat_region = -1;
+#define CLEAR(c) (rc |= col_clear(c))
+    EACH_COL(b, CLEAR);
+#undef CLEAR
+    return rc ? PS_E_NOMEM : PS_OK;
 }
 
 int ps_batch_reserve(ps_batch *b, size_t rows, size_t bytes)

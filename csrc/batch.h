@@ -89,7 +89,8 @@ typedef struct ps_batch {
 int ps_batch_init(ps_batch *b, const ps_options *opt);
 /* Free everything still owned (what was not handed over). */
 void ps_batch_free(ps_batch *b);
-/* Start a new batch with the same options, keeping contexts and scratch;
+/* Start a new batch with the same options, keeping contexts, scratch and
+ * the allocations of buffers not handed over;
  * buffers already handed over must have been detached (p = NULL). */
 int ps_batch_reset(ps_batch *b);
 

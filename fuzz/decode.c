@@ -25,6 +25,7 @@
 #include "amqp.h"
 #include "chunk.h"
 #include "crc.h"
+#include "export.h"
 
 /* Steps per byte read or written, and per value rendered, that the renderer
  * may take: each step writes a run of text or starts a value. */
@@ -178,6 +179,56 @@ static void check_views(const ps_batch *b)
     }
 }
 
+static int drops;
+
+static void drop(void *owner)
+{
+    (void)owner;
+    drops++;
+}
+
+/* Export the batch (ps_batch_export): the array's views stay within its own
+ * data buffers (their sizes in its last buffer), binary offsets rise from 0,
+ * and one release frees everything and drops the owner once. The batch is
+ * reset meanwhile, as the Cython layer does, before the array is gone. */
+static void check_export(ps_batch *b)
+{
+    struct ArrowArray a;
+    size_t rows = b->rows;
+    if (!ps_batch_exportable(b))
+        return;
+    drops = 0;
+    if (ps_batch_export(b, &a, drop, b) != PS_OK)
+        return;
+    if (a.length != (int64_t)rows || a.n_children != 3 || !a.release)
+        abort();
+    struct ArrowArray *body = a.children[2];
+    if (b->opt.body_binary) {
+        const int32_t *offs = body->buffers[1];
+        for (size_t i = 0; i < rows; i++)
+            if (offs[0] != 0 || offs[i + 1] < offs[i])
+                abort();
+    } else {
+        int64_t regions = body->n_buffers - 3;
+        const int64_t *sizes = body->buffers[body->n_buffers - 1];
+        const uint8_t *views = body->buffers[1];
+        for (size_t i = 0; i < rows; i++) {
+            int32_t len, idx, off;
+            memcpy(&len, views + 16 * i, 4);
+            memcpy(&idx, views + 16 * i + 8, 4);
+            memcpy(&off, views + 16 * i + 12, 4);
+            if (len > 12 && (idx < 0 || idx >= regions || off < 0 ||
+                             (int64_t)off + len > sizes[idx]))
+                abort();
+        }
+    }
+    if (ps_batch_reset(b) != PS_OK)
+        abort();
+    a.release(&a);
+    if (a.release || drops != 1)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -212,10 +263,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         rc = ps_decode_buffer(copy, size, &b, &err);
     }
-    if (rc == PS_OK)
+    if (rc == PS_OK) {
         check_views(&b);
-    else if (!err.what)
+        check_export(&b);
+        /* the reset batch, its allocations kept, decodes alike again */
+        if (!(mode & 0x80) && ps_batch_reset(&b) == PS_OK &&
+            ps_decode_buffer(copy, size, &b, &err) == PS_OK)
+            check_views(&b);
+    } else if (!err.what) {
         abort();            /* every error names what was wrong */
+    }
     ps_batch_free(&b);
     free(copy);
     read_frames(data, size, mode);

@@ -37,7 +37,7 @@ from cpython.buffer cimport (PyBUF_SIMPLE, PyBuffer_FillInfo,
                              PyBuffer_Release, PyObject_GetBuffer)
 # functions, not the macros: the abi3 build has the limited API only
 from cpython.bytes cimport PyBytes_AsString, PyBytes_FromStringAndSize, PyBytes_Size
-from cpython.ref cimport PyObject, Py_REFCNT
+from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF, Py_REFCNT
 from libc.stdint cimport (int32_t, int64_t, uint8_t, uint16_t, uint32_t,
                            uint64_t, uintptr_t)
 from libc.errno cimport EINTR, errno

@@ -105,6 +105,24 @@ cdef extern from "batch.h":
     void ps_batch_free(ps_batch *b)
     int ps_batch_reset(ps_batch *b)
 
+# The Arrow C data and stream interface structs (the standard ABI).
+cdef extern from "arrow_c.h":
+    struct ArrowSchema:
+        pass
+    struct ArrowArray:
+        void (*release)(ArrowArray *) noexcept nogil
+    struct ArrowArrayStream:
+        int (*get_schema)(ArrowArrayStream *, ArrowSchema *) noexcept nogil
+        int (*get_next)(ArrowArrayStream *, ArrowArray *) noexcept nogil
+        const char *(*get_last_error)(ArrowArrayStream *) noexcept nogil
+        void (*release)(ArrowArrayStream *) noexcept nogil
+        void *private_data
+
+cdef extern from "export.h":
+    ctypedef void (*ps_drop_fn)(void *owner) noexcept nogil
+    bint ps_batch_exportable(const ps_batch *b)
+    int ps_batch_export(ps_batch *b, ArrowArray *out, ps_drop_fn drop, void *owner)
+
 cdef extern from "chunk.h":
     enum:
         PS_KEY_DELIVER

@@ -17,6 +17,12 @@ cdef class _Owned:
 cdef object EMPTY = pa.py_buffer(b"")
 
 
+cdef void drop_owner(void *owner) noexcept nogil:
+    # Arrow releases an array in whichever thread drops it last.
+    with gil:
+        Py_DECREF(<object>owner)
+
+
 cdef object take(ps_buf *b):
     """An Arrow buffer owning b's memory (b is left empty)."""
     if b.p == NULL or b.len == 0:
@@ -145,6 +151,19 @@ cdef class _Builder:
         """The RecordBatch of everything decoded since the last export;
         `owner` keeps the input bytes alive."""
         cdef ps_batch *b = &self.b
+        cdef ArrowArray whole
+        if ps_batch_exportable(b):
+            # One import, where a call into Arrow per buffer costs several
+            # times the decode of a small chunk.
+            Py_INCREF(owner)
+            if ps_batch_export(b, &whole, drop_owner, <void *>owner) != PS_OK:
+                Py_DECREF(owner)
+                raise MemoryError()
+            if ps_batch_reset(b) != PS_OK:
+                whole.release(&whole)
+                raise MemoryError()
+            # Arrow releases the array even if the import fails.
+            return pa.RecordBatch._import_from_c(<uintptr_t>&whole, self.options.schema)
         cdef size_t rows = b.rows, i
         cdef ps_region *r
         cdef unsigned cols = b.opt.columns

@@ -5,20 +5,6 @@
 # takes a lock, and decodes in the reader thread overlap with its work.
 
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
-from cpython.ref cimport Py_DECREF, Py_INCREF
-
-# The Arrow C data and stream interface structs (the standard ABI).
-cdef extern from "arrow_c.h":
-    struct ArrowSchema:
-        pass
-    struct ArrowArray:
-        void (*release)(ArrowArray *) noexcept nogil
-    struct ArrowArrayStream:
-        int (*get_schema)(ArrowArrayStream *, ArrowSchema *) noexcept nogil
-        int (*get_next)(ArrowArrayStream *, ArrowArray *) noexcept nogil
-        const char *(*get_last_error)(ArrowArrayStream *) noexcept nogil
-        void (*release)(ArrowArrayStream *) noexcept nogil
-        void *private_data
 
 cdef extern from "<errno.h>":
     enum:
