@@ -166,8 +166,11 @@ def how_fast_table(consume: dict | None, publish: dict | None,
                     return "failed"
                 x = f"{ms(c['p99_median_ms'])} ms"
                 return f"**{x}**" if name == "pystream" else x
+            together = latency.get("together") or []
+            read = (", every client reading together" if together is True
+                    or int(r) in together else "")
             lines.append(f"| latency p99 at {count(int(r))} msg/s "
-                         f"(median of {latency['repeat']} {runs}) | "
+                         f"(median of {latency['repeat']} {runs}{read}) | "
                          + " | ".join(p99(c) for c in ("wire", "pystream", *PEERS)) + " |")
     return "\n".join(lines) + "\n"
 
@@ -302,9 +305,20 @@ def latency_block() -> str:
     res = load("latency")
     if not res:
         return "(no stored results: run `make bench`)\n"
+    together = res.get("together") or []
+    if together is True:    # stored by --together before it took rates
+        together = [int(r) for r in res["rates"]]
+    turns = [r for r in res["rates"] if int(r) not in together]
+    how = "of each client taking turns"
+    if together:
+        how = (f"at {' and '.join(count(r) for r in together)} msg/s with every client "
+               "reading the same messages at once (`--together`, the order of "
+               "subscribing turned each run)"
+               + (f", at {' and '.join(count(int(r)) for r in turns)} msg/s taking turns"
+                  if turns else ""))
     out = [f"{res['seconds']:g} s per run at each rate, the first {res['warmup']:g} s "
-           f"left out, {res['size']} B bodies, {res['repeat']} runs of each client "
-           "taking turns; each figure is the median over the runs, p99 beside the "
+           f"left out, {res['size']} B bodies, {res['repeat']} runs {how}; "
+           "each figure is the median over the runs, p99 beside the "
            "lowest and highest run's, and each run's p90 (milliseconds):", "",
            "| rate | consumer | p50 | p99 | p99 of the runs | p90 of each run | p99.9 "
            f"| max | p99 / {REFERENCE_LABELS['latency']} | consumer CPU | lost | load |",
