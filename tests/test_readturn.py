@@ -85,12 +85,16 @@ def switches(tid: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches")
 
 
-def test_quick_loans_leave_the_reader_thread_asleep():
+def test_quick_loans_leave_the_reader_thread_asleep(monkeypatch):
     """An application back before each loan ends (a batch handed every
     millisecond or so) wakes the reader thread only at its periodic look,
     not once per loan; one that then stays away still gets the reader
     thread, within ``MISSED_WAKEUP_SECONDS``, and its next loans wake it
     at once again."""
+    # Loans of 30 ms, not 1: a loaded machine that keeps this thread off
+    # its core past a loan (it did, in CI) makes the application slow, and
+    # the reader thread then rightly takes the turn.
+    monkeypatch.setattr(readturn, "LEND_SECONDS", 0.03)
     ids: list[int] = []
     with held_with_reader(ids) as (turn, b, turns):
         turn.lend()
