@@ -131,11 +131,18 @@ static void col_rewind(ps_col *c, col_mark m)
 
 /* --- batch ----------------------------------------------------------------- */
 
+/* No row and no region in use: what init and reset share. */
+static void no_rows(ps_batch *b)
+{
+    b->rows = 0;
+    b->offset.len = b->timestamp.len = b->views.len = 0;
+    b->input_region = b->concat_region = -1;
+}
+
 static int cols_init(ps_batch *b)
 {
     int rc = 0;
-    b->rows = 0;
-    b->offset.len = b->timestamp.len = b->views.len = 0;
+    no_rows(b);
     rc |= col_init(&b->body, PS_KIND_BYTES, 0);
     rc |= col_init(&b->error, PS_KIND_BYTES, 0);
     rc |= col_init(&b->properties, PS_KIND_STRUCT, 0);
@@ -159,7 +166,6 @@ static int cols_init(ps_batch *b)
     rc |= col_init(&b->foot_keys, PS_KIND_BYTES, 0);
     rc |= col_init(&b->foot_values, PS_KIND_BYTES, 0);
     b->nregions = 0;
-    b->input_region = b->concat_region = -1;
     return rc ? PS_E_NOMEM : PS_OK;
 }
 
@@ -204,9 +210,7 @@ int ps_batch_reset(ps_batch *b)
 {
     int rc = 0;
     free_regions(b);
-    b->rows = 0;
-    b->offset.len = b->timestamp.len = b->views.len = 0;
-    b->input_region = b->concat_region = -1;
+    no_rows(b);
 #define CLEAR(c) (rc |= col_clear(c))
     EACH_COL(b, CLEAR);
 #undef CLEAR
