@@ -358,11 +358,12 @@ class Connection:
         if turn is None or sock is None or turn.torn:
             return False
         deadline = None if timeout is None else time.monotonic() + timeout
+        closed = self._closed.is_set
         lend = False
         try:
             if not turn.app_take(timeout):
-                return not self._closed.is_set()
-            while not done() and not self._closed.is_set():
+                return not closed()
+            while not (finished := done()) and not closed():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -388,7 +389,7 @@ class Connection:
                         else:
                             turn.torn = True
                         raise
-            lend = done() and not self._closed.is_set()
+            lend = finished and not closed()
         except Exception as exc:
             self._read_failed(exc)
         finally:
@@ -396,7 +397,7 @@ class Connection:
                 turn.lend()
             else:
                 turn.give()
-        return not self._closed.is_set()
+        return not closed()
 
     def end_read(self) -> None:
         """Lend the turn again, if this thread has it, now that the data
