@@ -548,6 +548,7 @@ def check_targets(results: dict) -> list[dict]:
                 continue
             q = by_client[other].get("p99_median_ms")
             met: bool | None | str
+            lower_runs: list[int] | None = None
             if p is None or q is None:
                 met = None
             elif other == "wire":
@@ -556,8 +557,11 @@ def check_targets(results: dict) -> list[dict]:
                 pairs = paired_p99s(by_client["pystream"], by_client[other], other)
                 met = (lower_verdict(*pairs, paired=True) if pairs
                        else lower_verdict(mine, p99s(by_client[other])))
+                if pairs:
+                    lower_runs = [sum(a < b for a, b in zip(*pairs, strict=True)),
+                                  len(pairs[0])]
             out.append({"rate": rate, "against": other, "pystream_p99_ms": p,
-                        "other_p99_ms": q, "met": met})
+                        "other_p99_ms": q, "met": met, "lower_runs": lower_runs})
     return out
 
 

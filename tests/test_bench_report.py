@@ -202,7 +202,8 @@ def test_every_figure_names_its_cpu_class(monkeypatch):
     assert [h.split(" | ")[0] for h in heads] == [
         "| msg/s, or p99 latency; x86-64 AVX-512+VPCLMUL",
         "| msg/s, or p99 latency; x86-64 AVX2+PCLMUL",
-        "| msg/s, or p99 latency; CPU class unknown (recorded as: AMD EPYC)"]
+        "| msg/s, or p99 latency; CPU class unknown (recorded as: "
+        f"{stored['latency']['machine']['cpu_model']})"]
     consume_table = two.split("\n\n")[0]
     assert "consume" in consume_table and "publish" not in consume_table
 
