@@ -56,6 +56,9 @@ MARKER = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(.*?)(<!-- /bench:(?P=n
                     re.S)
 PEERS = ("rbfly", "rstream")
 CONSUME_TARGET, PUBLISH_TARGET = 0.95, 0.90
+# On CPUs without VPCLMULQDQ (the emulated classes): a share of the C
+# reference reader, and at most this many times its CPU per record.
+CLASS_CONSUME_TARGET, CLASS_CPU_FACTOR = 0.85, 2.5
 # What the C wire client's rows are called: references to measure against,
 # not bounds (clients beat them: guard_reference refuses a bound's name then).
 REFERENCE_LABELS = {"consume": "C reference reader", "publish": "C reference publisher",
@@ -389,6 +392,24 @@ def targets_block() -> str:
                            f"CPU per million messages: pystream "
                            f"{p['cpu_s_per_m_median']:.3f} s, the C reader "
                            f"{ws['cpu_s_per_m_median']:.3f} s")
+    for emulation in EMULATIONS:
+        other = load(f"consume-{emulation}")
+        for key in ("100b", "1k") if other else ():
+            row = other["rows"].get(key)
+            ws = row and row["clients"].get("wire", {}).get("summary")
+            p = row and row["clients"].get("pystream", {}).get("summary")
+            if not (ws and p):
+                continue
+            x = med(p) / med(ws)
+            cpu = p["cpu_s_per_m_median"] / ws["cpu_s_per_m_median"]
+            out.append(f"- consume {count(row['messages'])} × {row['body_size']} B, "
+                       f"{cpu_class(other['machine'])}: pystream at {pct(x)} of the "
+                       f"{REFERENCE_LABELS['consume']} (median of the repetitions' ratios: "
+                       f"{pct(paired(row, 'pystream', 'wire'))}; target "
+                       f"{pct(CLASS_CONSUME_TARGET)}): {verdict(x >= CLASS_CONSUME_TARGET)}; "
+                       f"CPU per million messages {p['cpu_s_per_m_median']:.3f} s, "
+                       f"{cpu:.2f}x the C reader's (target at most {CLASS_CPU_FACTOR:g}x): "
+                       f"{verdict(cpu <= CLASS_CPU_FACTOR)}")
     if publish:
         kinds = (("pystream", "a list of bytes"), ("pystream-arrow", "an arrow array"))
         row = publish["rows"].get("100b")

@@ -293,3 +293,26 @@ def test_runs_read_together_are_judged_run_by_run():
     apart = {n: {**c, "runs": [{"p99_ms": r["p99_ms"]} for r in c["runs"]]}
              for n, c in {"pystream": runs(lower), "rbfly": runs(base)}.items()}
     assert [t["met"] for t in check_targets({"1000": apart})] == ["not shown"]
+
+
+def test_each_emulated_class_is_judged_by_its_share_and_its_cpu(monkeypatch):
+    """The targets of CPUs without VPCLMULQDQ: 85 % of the C reference
+    reader, at most 2.5x its CPU per record, each row judged."""
+    def row(wire: float, mine: float, cpu_wire: float, cpu_mine: float) -> dict:
+        def client(x: float, cpu: float) -> dict:
+            return {"summary": {"msg_per_s_median": x, "cpu_s_per_m_median": cpu},
+                    "runs": [{"messages": x, "seconds": 1.0}]}
+        return {"messages": 1_000_000, "body_size": 1024,
+                "clients": {"wire": client(wire, cpu_wire), "pystream": client(mine, cpu_mine)}}
+
+    stored = {"machine": {"cpu_class": "x86-64 AVX2+PCLMUL"},
+              "rows": {"100b": row(10.0, 9.0, 0.02, 0.06), "1k": row(2.0, 1.6, 0.2, 0.3)}}
+    real = report.load
+    monkeypatch.setattr(report, "load", lambda name: stored if name == "consume-pclmul"
+                        else real(name))
+    lines = [x for x in report.targets_block().splitlines() if "AVX2+PCLMUL" in x]
+    assert len(lines) == 2
+    assert "at 90 %" in lines[0] and "target 85 %): met" in lines[0]
+    assert "3.00x the C reader's (target at most 2.5x): **not met**" in lines[0]
+    assert "at 80 %" in lines[1] and "target 85 %): **not met**" in lines[1]
+    assert "1.50x the C reader's (target at most 2.5x): met" in lines[1]
