@@ -446,7 +446,7 @@ def targets_block() -> str:
                 continue
             if t["against"] == "wire":
                 out.append(f"- latency at {count(int(t['rate']))} msg/s: pystream's p99 "
-                           f"{p / q:.1f}x the {REFERENCE_LABELS['latency']}'s (target "
+                           f"{p / q:.2f}x the {REFERENCE_LABELS['latency']}'s (target "
                            f"at most {LATENCY_FACTOR:g}x): {verdict(t['met'])}")
             else:
                 label = latency["rates"][t["rate"] if isinstance(t["rate"], str)
