@@ -360,56 +360,54 @@ def latency_block() -> str:
         else:
             rule = f"below {t['against']}'s"
         p, q = t["pystream_p99_ms"], t["other_p99_ms"]
-        figures = f" ({ms(p)} vs {ms(q)} ms" if p is not None and q is not None else ""
-        if figures and t.get("lower_runs"):
-            k, n = t["lower_runs"]
-            figures += f"; pystream's lower in {k} of {n} runs read together"
-        figures += ")" if figures else ""
+        figures = ""
+        if p is not None and q is not None:
+            runs = t.get("lower_runs")
+            together = (f"; pystream's lower in {runs[0]} of {runs[1]} runs read together"
+                        if runs else "")
+            figures = f" ({ms(p)} vs {ms(q)} ms{together})"
         out.append(f"- {count(int(t['rate']))} msg/s, pystream's p99 {rule}: "
                    f"{verdict_of(t['met'])}{figures}")
     out += ["", machine_line(res["machine"], "Measured")]
     return "\n".join(out) + "\n"
 
 
+def consume_targets(res: dict, target: float, cpu_factor: float | None = None,
+                    named: bool = False) -> list[str]:
+    """pystream's share of the C reference reader in each consume row of
+    ``res`` against ``target``, and (``cpu_factor``) its CPU per record
+    against at most that many times the C reader's; ``named`` says the
+    CPU class (results of an emulated class)."""
+    out = []
+    for key in ("100b", "1k"):
+        row = res["rows"].get(key)
+        ws = row and row["clients"].get("wire", {}).get("summary")
+        p = row and row["clients"].get("pystream", {}).get("summary")
+        if not (ws and p):
+            continue
+        x = med(p) / med(ws)
+        mine, theirs = p["cpu_s_per_m_median"], ws["cpu_s_per_m_median"]
+        where = f", {cpu_class(res['machine'])}" if named else ""
+        line = (f"- consume {count(row['messages'])} × {row['body_size']} B{where}: "
+                f"pystream at {pct(x)} of the {REFERENCE_LABELS['consume']} (median of the "
+                f"repetitions' ratios: {pct(paired(row, 'pystream', 'wire'))}; "
+                f"target {pct(target)}): {verdict(x >= target)}; CPU per million "
+                f"messages: pystream {mine:.3f} s, the C reader {theirs:.3f} s")
+        if cpu_factor is not None:
+            line += (f", {mine / theirs:.2f}x the C reader's (target at most "
+                     f"{cpu_factor:g}x): {verdict(mine <= theirs * cpu_factor)}")
+        out.append(line)
+    return out
+
+
 def targets_block() -> str:
     """Each throughput target with its measured ratio."""
     consume, publish = load("consume"), load("publish")
-    out = []
-    if consume:
-        for key in ("100b", "1k"):
-            row = consume["rows"].get(key)
-            if not row:
-                continue
-            ws = row["clients"].get("wire", {}).get("summary")
-            p = row["clients"].get("pystream", {}).get("summary")
-            if ws and p:
-                x = med(p) / med(ws)
-                out.append(f"- consume {count(row['messages'])} × {row['body_size']} B: "
-                           f"pystream at {pct(x)} of the {REFERENCE_LABELS['consume']} "
-                           "(median of the "
-                           f"repetitions' ratios: {pct(paired(row, 'pystream', 'wire'))}; "
-                           f"target {pct(CONSUME_TARGET)}): {verdict(x >= CONSUME_TARGET)}; "
-                           f"CPU per million messages: pystream "
-                           f"{p['cpu_s_per_m_median']:.3f} s, the C reader "
-                           f"{ws['cpu_s_per_m_median']:.3f} s")
+    out = consume_targets(consume, CONSUME_TARGET) if consume else []
     for emulation in EMULATIONS:
         other = load(f"consume-{emulation}")
-        for key in ("100b", "1k") if other else ():
-            row = other["rows"].get(key)
-            ws = row and row["clients"].get("wire", {}).get("summary")
-            p = row and row["clients"].get("pystream", {}).get("summary")
-            if not (ws and p):
-                continue
-            x = med(p) / med(ws)
-            cpu = p["cpu_s_per_m_median"] / ws["cpu_s_per_m_median"]
-            out.append(f"- consume {count(row['messages'])} × {row['body_size']} B, "
-                       f"{cpu_class(other['machine'])}: pystream at {pct(x)} of the "
-                       f"{REFERENCE_LABELS['consume']} (median of the repetitions' ratios: "
-                       f"{pct(paired(row, 'pystream', 'wire'))}; target "
-                       f"{pct(CLASS_CONSUME_TARGET)}): {verdict(x >= CLASS_CONSUME_TARGET)}; "
-                       f"CPU per million messages {p['cpu_s_per_m_median']:.3f} s, "
-                       f"{cpu:.2f}x the C reader's (target at most {CLASS_CPU_FACTOR:g}x): "
-                       f"{verdict(cpu <= CLASS_CPU_FACTOR)}")
+        if other:
+            out += consume_targets(other, CLASS_CONSUME_TARGET, CLASS_CPU_FACTOR, named=True)
     if publish:
         kinds = (("pystream", "a list of bytes"), ("pystream-arrow", "an arrow array"))
         row = publish["rows"].get("100b")

@@ -358,12 +358,11 @@ class Connection:
         if turn is None or sock is None or turn.torn:
             return False
         deadline = None if timeout is None else time.monotonic() + timeout
-        closed = self._closed.is_set
         lend = False
         try:
             if not turn.app_take(timeout):
-                return not closed()
-            while not (finished := done()) and not closed():
+                return not self._closed.is_set()
+            while not done() and not self._closed.is_set():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -389,7 +388,7 @@ class Connection:
                         else:
                             turn.torn = True
                         raise
-            lend = finished and not closed()
+            lend = done() and not self._closed.is_set()
         except Exception as exc:
             self._read_failed(exc)
         finally:
@@ -397,7 +396,7 @@ class Connection:
                 turn.lend()
             else:
                 turn.give()
-        return not closed()
+        return not self._closed.is_set()
 
     def end_read(self) -> None:
         """Lend the turn again, if this thread has it, now that the data

@@ -223,13 +223,6 @@ class FrameRoutes:
         """Each subscription's chunks of ``chunks``, in order; empties it."""
         if not chunks:
             return
-        if len(chunks) == 1:  # most reads: one chunk
-            mine = chunks.copy()
-            chunks.clear()
-            sink = self._sinks.get(mine[0].subscription_id)
-            if sink is not None:
-                sink.on_chunks(mine)
-            return
         by_sink: dict[int, list[Chunk]] = {}
         for chunk in chunks:
             by_sink.setdefault(chunk.subscription_id, []).append(chunk)

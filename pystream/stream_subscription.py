@@ -84,8 +84,7 @@ class Queued:
 
     @property
     def cost(self) -> int:
-        chunk = self.chunk  # what cost() says, without its call
-        return chunk.size if chunk.batch is None else chunk.decoded_size
+        return cost(self.chunk)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,9 +67,6 @@ class Subscriptions:
 
         self._lock = threading.RLock()  # the lock of _cond, for short holds
         self._cond = threading.Condition(self._lock)
-        # Threads in ``head`` waiting on ``_cond``: a chunk read by the
-        # thread that waits for it (``_read_while_waiting``) wakes nobody.
-        self._waiting = 0
         self._queue: deque[Queued | End] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()
@@ -167,8 +164,7 @@ class Subscriptions:
         item.batch = chunk.batch
 
     def _notify(self) -> None:
-        if self._waiting:
-            self._cond.notify_all()
+        self._cond.notify_all()
         for waker in self._wakers:
             waker()
 
@@ -311,15 +307,9 @@ class Subscriptions:
             if left is not None and left <= 0:
                 return None
             if not (read_while_waiting and self._read_while_waiting(left)):
-                self._waiting += 1
-                try:
-                    locks.wait(self._cond, left)
-                finally:
-                    self._waiting -= 1
+                locks.wait(self._cond, left)
+        self._inflate(self._queue[0])  # may end the consumer there instead
         item = self._queue[0]
-        if isinstance(item, Queued) and item.chunk.batch is None:
-            self._inflate(item)  # may end the consumer there instead
-            item = self._queue[0]
         if isinstance(item, End):
             self._closed = True
             self._queue.clear()
