@@ -163,9 +163,16 @@ def caught_interrupts(how: str, send: Callable[[], None],
         with client.consumer(stream, offset="first",
                              max_batch_rows=20_000) as consumer:
             got = 0
+            progress = (got, time.monotonic())
             try:
                 interrupter.start()
                 while got < n:
+                    if got != progress[0]:
+                        progress = (got, time.monotonic())
+                    # Waiting on for records that never come would hang the
+                    # run: say how many were handed instead.
+                    assert time.monotonic() - progress[1] < 60, (
+                        f"nothing handed for 60 s at {got} of {n} records, seed {seed}")
                     try:
                         # Kept before anything else is called: an interrupt
                         # after a C call returns would lose its result.
