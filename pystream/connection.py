@@ -366,28 +366,32 @@ class Connection:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
-                if self._left_undrained():
-                    self._drain(self._reader)
+                undrained = self._left_undrained()
+                if not undrained and not turn.poll(left):
                     continue
-                if turn.poll(left):
-                    try:
+                try:
+                    if undrained:
+                        self._drain(self._reader)
+                    else:
                         self._read_once(sock, self._reader)
-                    except Exception:
+                except Exception:
+                    self._committed = False
+                    raise
+                except BaseException:
+                    # An interrupt (KeyboardInterrupt, a signal handler's
+                    # exception) amid a read or a drain: bytes read, or a
+                    # frame taken off the buffer and not yet handed over,
+                    # may be lost, unless it came while every byte read
+                    # was committed and no frame taken (``_committed``).
+                    # Then the reader thread, which no signal interrupts,
+                    # ends the connection and so rewinds its consumers
+                    # (ReadInterrupted). Stores, no calls: a second
+                    # interrupt cannot come in between.
+                    if self._committed:
                         self._committed = False
-                        raise
-                    except BaseException:
-                        # An interrupt (KeyboardInterrupt, a signal handler's
-                        # exception) amid a read: bytes or a chunk taken off
-                        # the socket may be lost, unless every byte read
-                        # was committed. Then the reader thread, which no
-                        # signal interrupts, ends the connection and so
-                        # rewinds its consumers (ReadInterrupted). Stores, no
-                        # calls: a second interrupt cannot come in between.
-                        if self._committed:
-                            self._committed = False
-                        else:
-                            turn.torn = True
-                        raise
+                    else:
+                        turn.torn = True
+                    raise
             lend = done() and not self._closed.is_set()
         except Exception as exc:
             self._read_failed(exc)

@@ -300,3 +300,62 @@ def test_an_interrupt_after_a_chunk_s_reads_keeps_the_connection(big, monkeypatc
         assert consumer._subs[big].connection is conn
     in_order(offsets, BIG_RECORDS)
     assert state["landed"] >= 3
+
+
+def test_an_interrupt_in_the_drain_of_a_chunk_left_in_the_buffer_loses_nothing(
+        big, monkeypatch):
+    """The two interrupts in turn: one after a chunk's reads, which leaves
+    its frames in the buffer, then one in the application thread's drain
+    of them, after a chunk was taken off the buffer and before it was
+    handed over. That chunk is read again (the connection ends with
+    ``ReadInterrupted`` and the consumer rewinds), never skipped. The
+    reader thread leaves the buffer to the application thread meanwhile,
+    as it does when the application takes the turn first."""
+    from pystream import connection
+
+    main = threading.current_thread()
+    # 1: the next recv_rest of the application thread is interrupted;
+    # 2: then its drain, right after it took a chunk off the buffer.
+    state = {"stage": 0, "landed": 0}
+
+    class Interrupted(connection.StreamDecoder):
+        def recv_rest(self, fd: int, slice_size: int = 1 << 20) -> bool:
+            complete = super().recv_rest(fd, slice_size)
+            if state["stage"] == 1 and threading.current_thread() is main:
+                state["stage"] = 2
+                raise KeyboardInterrupt
+            return complete
+
+        def buffered(self) -> int:
+            if state["stage"] == 2 and threading.current_thread() is not main:
+                return 0
+            return super().buffered()
+
+        def next_event(self) -> Any:
+            event = super().next_event()
+            if (state["stage"] == 2 and threading.current_thread() is main
+                    and event is not None and not isinstance(event, bytes)):
+                state["stage"] = 0
+                state["landed"] += 1
+                raise KeyboardInterrupt
+            return event
+
+    monkeypatch.setattr(connection, "StreamDecoder", Interrupted)
+    offsets: list[int] = []
+    with pystream.connect(MODERN_URI) as client, \
+            client.consumer(big, offset="first", credit=pystream.Credit.manual(1)) as consumer:
+        while len(offsets) < BIG_RECORDS:
+            threading.Timer(0.05, consumer.grant_credit, (1,)).start()
+            if state["stage"] == 0:
+                state["stage"] = 1
+            try:
+                part = next(consumer.batches(10), None)
+            except KeyboardInterrupt:
+                continue
+            finally:
+                if state["stage"] == 1:
+                    state["stage"] = 0
+            assert part is not None, f"nothing for 10 s after {len(offsets)} records"
+            offsets.extend(part.column("offset").to_pylist())
+    in_order(offsets, BIG_RECORDS)
+    assert state["landed"] >= 3
