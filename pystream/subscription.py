@@ -458,8 +458,9 @@ class Subscriptions:
             return start
         return P.OffsetSpec(P.OFFSET_OFFSET, offset)
 
-    def _subscribe(self, sub: Subscription) -> None:
-        """Subscribe ``sub`` on a connection to a node holding its stream."""
+    def _subscribe(self, sub: Subscription) -> P.OffsetSpec:
+        """Subscribe ``sub`` on a connection to a node holding its stream;
+        where it subscribed."""
         with self._lock:
             spec, rewinds = sub.resume_spec(), sub.rewinds
         endpoint = self.client.locate(sub.stream)
@@ -502,6 +503,7 @@ class Subscriptions:
                 # the connection: ``sub`` heard of it, and recovers or ends
                 # after handing over what it read.
                 pass
+        return spec
 
     def _properties(self) -> dict[str, str]:
         props: dict[str, str] = {}
@@ -567,9 +569,10 @@ class Subscriptions:
             # The broker forgot the subscription if its connection or
             # stream went, not if it was rewound: Unsubscribe if still open.
             self._unsubscribe(sub)
-            spec = sub.resume_spec()
             try:
-                self._subscribe(sub)
+                # Where it subscribed, not where it stood before: a rewind
+                # meanwhile moves the start.
+                spec = self._subscribe(sub)
             except Exception as exc:
                 if not retryable(exc):  # e.g. the stream deleted
                     self._end(exc, after_queue=True)
