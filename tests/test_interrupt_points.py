@@ -277,6 +277,38 @@ def big(client: pystream.Client) -> Iterator[str]:
     client.delete_stream(name, missing_ok=True)
 
 
+def read_big(monkeypatch: pytest.MonkeyPatch, big: str, decoder: type,
+             arm: Callable[[], None], disarm: Callable[[], None]) -> bool:
+    """Every record of ``big`` in order through ``batches()``, one chunk
+    granted at a time once the application waits (so that its own thread
+    reads), every connection reading through ``decoder``; ``arm()`` before
+    each call, ``disarm()`` after it, and a caught interrupt read on from.
+    Whether the consumer kept its first connection."""
+    from pystream import connection
+
+    monkeypatch.setattr(connection, "StreamDecoder", decoder)
+    offsets: list[int] = []
+    with pystream.connect(MODERN_URI) as client, \
+            client.consumer(big, offset="first", credit=pystream.Credit.manual(1)) as consumer:
+        conn = consumer._subs[big].connection
+        while len(offsets) < BIG_RECORDS:
+            threading.Timer(0.05, consumer.grant_credit, (1,)).start()
+            arm()
+            try:
+                # A batch, not read(n): rows taken while waiting for more
+                # are given back on an interrupt, by resubscribing.
+                part = next(consumer.batches(10), None)
+            except KeyboardInterrupt:
+                continue
+            finally:
+                disarm()
+            assert part is not None, f"nothing for 10 s after {len(offsets)} records"
+            offsets.extend(part.column("offset").to_pylist())
+        kept = consumer._subs[big].connection is conn
+    in_order(offsets, BIG_RECORDS)
+    return kept
+
+
 def test_an_interrupt_after_a_chunk_s_reads_keeps_the_connection(big, monkeypatch):
     """The reads of a chunk's rest (``recv_rest``) are committed as they
     land, before a signal handler runs: an interrupt there loses no byte,
@@ -298,27 +330,9 @@ def test_an_interrupt_after_a_chunk_s_reads_keeps_the_connection(big, monkeypatc
                 raise KeyboardInterrupt
             return complete
 
-    monkeypatch.setattr(connection, "StreamDecoder", Interrupted)
-    offsets: list[int] = []
-    with pystream.connect(MODERN_URI) as client, \
-            client.consumer(big, offset="first", credit=pystream.Credit.manual(1)) as consumer:
-        conn = consumer._subs[big].connection
-        while len(offsets) < BIG_RECORDS:
-            # Granted once the application waits, so that its thread reads.
-            threading.Timer(0.05, consumer.grant_credit, (1,)).start()
-            state["armed"] = True
-            try:
-                # A batch, not read(n): rows taken while waiting for more
-                # are given back on an interrupt, by resubscribing.
-                part = next(consumer.batches(30))
-            except KeyboardInterrupt:
-                continue
-            finally:
-                state["armed"] = False
-            assert part.num_rows, f"nothing for 30 s after {len(offsets)} records"
-            offsets.extend(part.column("offset").to_pylist())
-        assert consumer._subs[big].connection is conn
-    in_order(offsets, BIG_RECORDS)
+    assert read_big(monkeypatch, big, Interrupted,
+                    arm=lambda: state.update(armed=True),
+                    disarm=lambda: state.update(armed=False))
     assert state["landed"] >= 3
 
 
@@ -360,22 +374,13 @@ def test_an_interrupt_in_the_drain_of_a_chunk_left_in_the_buffer_loses_nothing(
                 raise KeyboardInterrupt
             return event
 
-    monkeypatch.setattr(connection, "StreamDecoder", Interrupted)
-    offsets: list[int] = []
-    with pystream.connect(MODERN_URI) as client, \
-            client.consumer(big, offset="first", credit=pystream.Credit.manual(1)) as consumer:
-        while len(offsets) < BIG_RECORDS:
-            threading.Timer(0.05, consumer.grant_credit, (1,)).start()
-            if state["stage"] == 0:
-                state["stage"] = 1
-            try:
-                part = next(consumer.batches(10), None)
-            except KeyboardInterrupt:
-                continue
-            finally:
-                if state["stage"] == 1:
-                    state["stage"] = 0
-            assert part is not None, f"nothing for 10 s after {len(offsets)} records"
-            offsets.extend(part.column("offset").to_pylist())
-    in_order(offsets, BIG_RECORDS)
+    def arm() -> None:
+        if state["stage"] == 0:
+            state["stage"] = 1
+
+    def disarm() -> None:
+        if state["stage"] == 1:
+            state["stage"] = 0
+
+    read_big(monkeypatch, big, Interrupted, arm, disarm)
     assert state["landed"] >= 3
