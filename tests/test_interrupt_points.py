@@ -265,13 +265,18 @@ BIG = 64 * 1024   # bytes a record: a chunk of 16 takes several reads
 BIG_RECORDS = 160
 
 
-@pytest.fixture(scope="module")
-def big(client: pystream.Client) -> Iterator[str]:
+@pytest.fixture(scope="module", params=[None, "zstd"])
+def big(client: pystream.Client, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Chunks of 16 records of ``BIG`` bytes: plain, or one zstd sub-entry
+    each (random bytes, which do not shrink: a chunk still takes several
+    reads)."""
     name = f"test-interrupt-points-big-{np.random.randint(1 << 30)}"
     client.create_stream(name)
-    with client.producer(name) as producer:
+    rng = np.random.default_rng(7)
+    with client.producer(name, compression=request.param, sub_batch_size=16) as producer:
         for first in range(0, BIG_RECORDS, 16):
-            producer.send_batch([bytes([i % 256]) * BIG for i in range(first, first + 16)])
+            producer.send_batch([rng.bytes(BIG) if request.param else bytes([i % 256]) * BIG
+                                 for i in range(first, first + 16)])
             producer.flush(30)
     yield name
     client.delete_stream(name, missing_ok=True)
