@@ -35,6 +35,7 @@ from .errors import (
     ProtocolError,
     ReadInterrupted,
     RequestTimeout,
+    SendInterrupted,
     StreamError,
     error_for_code,
 )
@@ -226,6 +227,19 @@ class Connection:
             err = ConnectionLost(f"send to {self.address.uri()} failed: {exc}")
             self._fail(err)
             raise err from exc
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.end_interrupted_send()
+            raise
+
+    def end_interrupted_send(self) -> None:
+        """End the connection after an interrupt (a ``KeyboardInterrupt``, a
+        signal handler's exception) stopped a send on it: part of a frame
+        may be on the wire, and a frame sent next would be read as its
+        rest."""
+        self._fail(SendInterrupted(
+            f"a send to {self.address.uri()} was interrupted (KeyboardInterrupt "
+            f"or a signal handler's exception): a frame may be cut"))
 
     def request(self, make: Callable[[int], P.Request], context: str, *,
                 timeout: float | None = None) -> P.Command:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import metrics
+from . import locks, metrics
 from . import protocol as P
 from ._core import check_codec, encode_publish
 from .arrow import Batch, as_batch
@@ -111,15 +111,18 @@ class Producer:
         self.amqp = amqp
         self.recovery_timeout = recovery_timeout
 
-        self._cond = threading.Condition()
-        self._send_lock = threading.Lock()  # frames go out in id order
+        # Reentrant locks know their owner: after an interrupt, the thread
+        # it stopped lets go of what it held (``_after_interrupt``).
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._send_lock = threading.RLock()  # frames go out in id order
         self._stats = metrics.publisher_stats(client.address, stream)
         self._confirms = Confirms(self._cond, self._stats)
         self._callbacks = CallbackThread("pystream-producer-callbacks")
         self._buffer: list[Row] = []
         # ``send``'s batches leave in the order their messages came (the
         # producer's thread and ``send`` itself may both send the buffer).
-        self._buffer_lock = threading.Lock()
+        self._buffer_lock = threading.RLock()
         # Messages taken from the buffer and not sent (or failed) yet: they
         # count in the window, and flush and close wait for them too.
         self._taken = 0
@@ -132,8 +135,11 @@ class Producer:
         # goes round once more).
         self._lost_again: str | None = None
         self.last_publishing_id = 0    # last id sent, or the broker had for its name
-        self._lingering = threading.Event()  # send() buffered messages
-        self._flush_now = threading.Event()  # ... to send without lingering
+        # The producer's thread (waiting on ``_wake``) sends what send()
+        # gathered once asked: after lingering, or at once (``_want``).
+        self._wake = threading.Condition(self._lock)
+        self._linger_wanted = False
+        self._flush_wanted = False
         self._connect()
         if name is not None:
             try:
@@ -168,10 +174,21 @@ class Producer:
         confirm, it waits for room, at most ``timeout`` seconds (``None``:
         until there is room, or the producer fails or closes), then raises
         ``SendTimeout`` and queues nothing."""
+        try:
+            return self._send(body, properties, application_properties,
+                              message_annotations, filter_value, timeout)
+        except BaseException as exc:
+            self._after_interrupt(exc)
+            raise
+
+    def _send(self, body: bytes, properties: dict[str, Any] | None,
+              application_properties: dict[str, Any] | None,
+              message_annotations: dict[str, Any] | None,
+              filter_value: str | None, timeout: float | None) -> ConfirmFuture[int]:
         check_symbols(properties, message_annotations)
         deadline = _deadline(timeout)
         future: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
-        with self._cond:
+        with self._lock:
             self._check()
             while self._window_full(len(self._buffer) + self._taken, 1):
                 self._hand_over()
@@ -182,8 +199,8 @@ class Producer:
             full = len(self._buffer) >= self.batch_size
         if full:
             self._send_buffer(wait=False)
-        elif not self._lingering.is_set():
-            self._lingering.set()
+        else:
+            self._want(flush=False)
         return future
 
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
@@ -198,6 +215,14 @@ class Producer:
         until there is room, or the producer fails or closes), then raises
         ``SendTimeout`` and sends nothing. The future's ``publishing_ids``
         is the batch's first and last publishing ids."""
+        try:
+            return self._send_batch(messages, publishing_id, filter_values, timeout)
+        except BaseException as exc:
+            self._after_interrupt(exc)
+            raise
+
+    def _send_batch(self, messages: Batch, publishing_id: int | None,
+                    filter_values: Any, timeout: float | None) -> ConfirmFuture[int]:
         deadline = _deadline(timeout)
         if isinstance(messages, (list, tuple)) and (
                 filter_values is not None or self.filter_value is None):
@@ -225,7 +250,11 @@ class Producer:
         confirmed but callbacks still run then, or the error that failed the
         producer. Called from a done-callback, it waits for no callback."""
         deadline = _deadline(timeout)
-        self._await_confirms(deadline, timeout)
+        try:
+            self._await_confirms(deadline, timeout)
+        except BaseException as exc:
+            self._after_interrupt(exc)
+            raise
         if not self._callbacks.drain(deadline):
             raise TimeoutError(f"every message to {self.stream!r} was confirmed, but "
                                f"done-callbacks still ran after {timeout:g} s")
@@ -235,7 +264,7 @@ class Producer:
         ``ConfirmTimeout`` at the deadline, or the error that failed the
         producer (once the callbacks of the futures it failed have run)."""
         self._send_buffer(wait=False)
-        with self._cond:
+        with self._lock:
             while ((self._buffer or self._taken or self._confirms.pending)
                    and self._error is None):
                 left = None if deadline is None else deadline - time.monotonic()
@@ -244,7 +273,7 @@ class Producer:
                         f"{self._confirms.in_flight + len(self._buffer) + self._taken} "
                         f"message(s) to {self.stream!r} not confirmed within "
                         f"{timeout:g} s")
-                self._cond.wait(left)
+                locks.wait(self._cond, left)
             error = self._error
         if error is not None:
             self._callbacks.drain(deadline)
@@ -265,7 +294,7 @@ class Producer:
             if self._error is None:
                 self._await_confirms(deadline, timeout)
         finally:
-            with self._cond:
+            with self._lock:
                 self._closed = True
                 rows, self._buffer = self._buffer, []
                 self._cond.notify_all()
@@ -274,11 +303,11 @@ class Producer:
                                     "before the message was sent")
             for row in rows:
                 row[-1].set_exception(closed)
-            with self._cond:
+            with self._lock:
                 # The producer's thread fails what it holds once it sees
                 # the producer closed.
-                self._cond.wait_for(lambda: not self._taken,
-                                    _left(deadline, at_least=1.0))
+                locks.wait_for(self._cond, lambda: not self._taken,
+                               _left(deadline, at_least=1.0))
             self._confirms.fail_all(ConfirmTimeout(
                 f"not confirmed before the producer of {self.stream!r} closed"
                 + ("" if timeout is None else f" ({timeout:g} s)")
@@ -320,21 +349,32 @@ class Producer:
             raise SendTimeout(f"no room in the in-flight window of {self.stream!r} "
                               f"(max_in_flight={self.max_in_flight}) {what} "
                               f"within {timeout:g} s: nothing was sent")
-        self._cond.wait(left)
+        locks.wait(self._cond, left)
 
     def _lock_send(self, deadline: float | None, timeout: float | None) -> None:
         """Take the send lock; a recovery may hold it while it reconnects,
         so wait in steps that see a close and the deadline."""
         while not self._send_lock.acquire(timeout=0.05):
-            with self._cond:
+            with self._lock:
                 self._check()
                 if deadline is not None and time.monotonic() >= deadline:
                     self._wait(deadline, timeout, "to send a batch")
 
     def _hand_over(self) -> None:
         """Have the producer's thread send the buffer now."""
-        self._flush_now.set()
-        self._lingering.set()
+        self._want(flush=True)
+
+    def _want(self, *, flush: bool) -> None:
+        """Ask the producer's thread to send the buffer, after lingering or
+        (``flush``) at once. Flags under the producer's lock, which an
+        interrupt cannot leave held, unlike a ``threading.Event``'s."""
+        with self._lock:
+            if flush and not self._flush_wanted:
+                self._flush_wanted = True
+                self._wake.notify()
+            if not self._linger_wanted:
+                self._linger_wanted = True
+                self._wake.notify()
 
     def _send_buffer(self, *, wait: bool) -> None:
         """Send what ``send`` gathered: from the producer's thread
@@ -345,39 +385,46 @@ class Producer:
             self._hand_over()
             return
         locked = False
+        rows: list[Row] = []
+        made: list[_Batch] = []  # the batch _publish made of the rows, if it got so far
         try:
             if not wait:
                 locked = self._send_lock.acquire(blocking=False)
-            with self._cond:
+            with self._lock:
                 while wait and self._window_full(0, len(self._buffer)):
-                    self._cond.wait()
+                    locks.wait(self._cond, None)
                 rows = self._buffer
                 if rows and not wait and (
                         not locked or self._window_full(0, len(rows))):
                     self._hand_over()
                     return
-                self._buffer, self._taken = [], len(rows)
+                self._buffer = []  # taken: no call since the line above
+                self._taken = len(rows)
             if rows:
-                self._publish_rows(rows, locked)
+                self._publish_rows(rows, locked, made)
         except Exception:
             pass  # the futures carry the error
+        except BaseException:
+            if rows and self._buffer is not rows and not (made and self._owns(made[0])):
+                self._give_back(rows)
+            raise
         finally:
             if locked:
                 self._send_lock.release()
-            with self._cond:
+            with self._lock:
                 self._taken = 0
                 self._cond.notify_all()
             self._buffer_lock.release()
 
-    def _publish_rows(self, rows: list[Row], locked: bool) -> None:
+    def _publish_rows(self, rows: list[Row], locked: bool, made: list[_Batch]) -> None:
         futures = [row[-1] for row in rows]
         try:
             batch, filter_values = rows_batch(rows)
             if filter_values is None:
                 filter_values = self._filter_values(batch)
             self._publish(batch.column("body"), batch, filter_values, None,
-                          futures, None, None, taken=True, locked=locked)
-        except BaseException as exc:
+                          futures, None, None, taken=True, locked=locked, made=made)
+        except Exception as exc:
             for f in futures:
                 f.set_exception(exc)
             raise
@@ -386,13 +433,14 @@ class Producer:
                  filter_values: Any, publishing_id: int | None,
                  message_futures: list[Future[int]] | None,
                  deadline: float | None, timeout: float | None, *,
-                 taken: bool = False, locked: bool = False) -> ConfirmFuture[int]:
+                 taken: bool = False, locked: bool = False,
+                 made: list[_Batch] | None = None) -> ConfirmFuture[int]:
         """Encode and send ``bodies`` (an Arrow array, or a tuple of bytes),
         with the other columns of ``batch``. Messages ``taken`` from the
         buffer had their room in the window when taken; ``locked``: the
         caller holds the send lock (and releases it)."""
         if not taken:
-            with self._cond:
+            with self._lock:
                 # Back-pressure: wait for confirms rather than grow memory
                 # (not under the send lock: recovery needs it to send them
                 # again).
@@ -400,8 +448,10 @@ class Producer:
                     self._wait(deadline, timeout, "to send a batch")
         if not locked:
             self._lock_send(deadline, timeout)
+        record: _Batch | None = None
+        sent = False
         try:
-            with self._cond:
+            with self._lock:
                 self._check()
                 first = self.last_publishing_id + 1
                 if publishing_id is not None:
@@ -425,8 +475,10 @@ class Producer:
                 max_frame_size=(conn.frame_max if conn else 0) or (1 << 20))
             future: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
             record = _Batch(first, counts, frames, message_futures, future)
+            if made is not None:
+                made.append(record)
             future.publishing_ids = (first, record.last_id)
-            with self._cond:
+            with self._lock:
                 self._check()  # closed or failed meanwhile: nothing is sent
                 self._confirms.add(record)
                 self.last_publishing_id = max(self.last_publishing_id,
@@ -436,10 +488,55 @@ class Producer:
                     conn.send_bytes(frames)
                 except StreamError:
                     pass  # recovery sends it again
+            sent = True
+        except BaseException as exc:
+            if record is not None and not sent and not isinstance(exc, Exception):
+                self._cut_send(record, conn)
+            raise
         finally:
             if not locked:
                 self._send_lock.release()
         return future
+
+    # --- interrupts ---------------------------------------------------------
+
+    def _owns(self, record: _Batch) -> bool:
+        """Whether ``record`` made it into the pending batches (it is there,
+        or was settled or failed since)."""
+        with self._lock:
+            return (any(b is record for b in self._confirms.pending)
+                    or bool(record.settled.any()) or record.future.done())
+
+    def _cut_send(self, record: _Batch, conn: Connection | None) -> None:
+        """An interrupt stopped the send of ``record`` (the caller's
+        thread): if it is still pending, the producer owns it and sends it
+        whole from a new connection (its frames may be cut on this one, or
+        not sent at all)."""
+        with self._lock:
+            if not any(b is record for b in self._confirms.pending):
+                return
+            self.last_publishing_id = max(self.last_publishing_id, record.last_id)
+        if conn is not None:
+            conn.end_interrupted_send()
+
+    def _give_back(self, rows: list[Row]) -> None:
+        """Rows an interrupt stopped between the buffer and a pending batch
+        (the caller's thread) go back to the head of the buffer, to be sent
+        as if never taken."""
+        with self._lock:
+            self._buffer[:0] = rows
+        self._want(flush=False)
+
+    def _after_interrupt(self, exc: BaseException) -> None:
+        """After an exception out of a public call: an interrupt (not an
+        ``Exception``) may have come between taking a lock and the block
+        that lets it go, so this thread lets go of every lock of the
+        producer it still holds; a public call never returns holding one."""
+        if isinstance(exc, Exception):
+            return
+        for lock in (self._lock, self._send_lock, self._buffer_lock):
+            while lock._is_owned():  # type: ignore[attr-defined]
+                lock.release()
 
     # --- confirms (reader thread) -------------------------------------------
 
@@ -474,7 +571,7 @@ class Producer:
                        else "connection_lost")
 
     def _lost(self, cause: str) -> None:
-        with self._cond:
+        with self._lock:
             if self._closed or self._error is not None:
                 return
             if self._recovering:
@@ -499,14 +596,14 @@ class Producer:
                     if self._is_closed():  # closed while it reconnected
                         self._disconnect(delete=True)
                         return
-                    with self._cond:
+                    with self._lock:
                         frames, first = self._confirms.unsettled(
                             self._publisher_id)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
                         connection.send_bytes(f)
                         self._stats.written_bytes += len(f)
-                with self._cond:
+                with self._lock:
                     again, self._lost_again = self._lost_again, None
                     if again is None:
                         self._recovering = False
@@ -571,7 +668,7 @@ class Producer:
         self.client.pool.release(conn)
 
     def _fail(self, error: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             if self._error is not None:
                 return
             self._error = error  # from now on nothing more is sent
@@ -589,10 +686,17 @@ class Producer:
 
     def _linger_loop(self) -> None:
         while not self._closed:
-            self._lingering.wait()
-            self._lingering.clear()
-            if self._flush_now.wait(self.linger):
-                self._flush_now.clear()
+            with self._lock:
+                while not (self._linger_wanted or self._closed):
+                    self._wake.wait()
+                self._linger_wanted = False
+                end = time.monotonic() + self.linger
+                while not (self._flush_wanted or self._closed):
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                self._flush_wanted = False
             self._send_buffer(wait=True)
 
 

@@ -1,0 +1,157 @@
+"""A caught interrupt anywhere in a producer's call publishes nothing twice
+and loses nothing, nor leaves a frame cut on the wire.
+
+The sweep of ``test_interrupt_points`` (a ``KeyboardInterrupt`` at every
+Python call of the main thread in turn) over ``send_batch`` and ``flush``
+of a named producer, as docs/producing.md tells an application to go on
+after an interrupt: flush, then send again what ``last_publishing_id``
+says did not go. And a send cut halfway through a frame, which must end
+the connection rather than let the next frame follow the cut one.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pystream
+
+from .conftest import MODERN_URI
+
+# client: the module's fixture, shared
+from .test_interrupt_points import Interrupter, bodies, client, sweep  # noqa: F401
+
+pytestmark = pytest.mark.broker
+
+BATCHES = 60
+PER_BATCH = 20
+
+
+@pytest.fixture
+def stream(client: pystream.Client) -> Iterator[str]:  # noqa: F811
+    name = f"test-interrupt-sends-{np.random.randint(1 << 30)}"
+    client.create_stream(name)
+    yield name
+    client.delete_stream(name, missing_ok=True)
+
+
+def stored(client: pystream.Client, stream: str,  # noqa: F811
+           most: int = BATCHES * PER_BATCH * 2) -> list[bytes]:
+    with client.consumer(stream, offset="first") as consumer:
+        table = consumer.read(most, timeout=3)
+    return [bytes(b) for b in table.column("body").to_pylist()]
+
+
+def test_an_interrupt_at_any_point_of_a_send_publishes_each_batch_once(
+        client: pystream.Client, stream: str) -> None:  # noqa: F811
+    with client.producer(stream, name=stream) as producer:
+        state = {"next": 0}
+
+        def call() -> bool:
+            i = state["next"]
+            first = i * PER_BATCH + 1
+            # An interrupted send_batch either left its batch to the
+            # producer (its ids are taken: it goes, again after a
+            # reconnection if need be) or sent nothing.
+            if producer.last_publishing_id < first:
+                producer.send_batch(bodies(i * PER_BATCH, PER_BATCH), publishing_id=first)
+            producer.flush(30)
+            state["next"] = i + 1
+            return state["next"] == BATCHES
+
+        landed = sweep(call, budget=300)
+    assert landed == 300
+    assert stored(client, stream) == bodies(0, BATCHES * PER_BATCH)
+
+
+def interrupted_at(interrupter: Interrupter, at: int, call: Any) -> bool:
+    """``call()`` interrupted at its point ``at``: whether the interrupt
+    landed (False: the call has fewer points and ran whole)."""
+    try:
+        interrupter.call(at, call)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def test_an_interrupt_at_any_point_of_a_flush_loses_and_repeats_nothing(
+        client: pystream.Client, stream: str) -> None:  # noqa: F811
+    """``send`` gathers, ``flush`` sends from the caller's thread: an
+    interrupt there, at each of its points in turn, leaves the messages
+    it took from the buffer either in a batch the producer sends or back
+    in the buffer, and the next flush sends them."""
+    interrupter = Interrupter()
+    rounds, landed = 100, 0
+    with client.producer(stream, name=stream, batch_size=10_000,
+                         linger_ms=60_000) as producer:
+        for i in range(rounds):
+            for body in bodies(i * PER_BATCH, PER_BATCH):
+                producer.send(body)
+            landed += interrupted_at(interrupter, 1 + 2 * i, lambda: producer.flush(30))
+            producer.flush(30)
+    assert landed >= 80  # a flush whose confirms come at once has fewer points
+    assert stored(client, stream, rounds * PER_BATCH) == bodies(0, rounds * PER_BATCH)
+
+
+def test_an_interrupted_send_repeats_at_most_its_own_message(
+        client: pystream.Client, stream: str) -> None:  # noqa: F811
+    """An interrupt in ``send`` may come after the message was queued: sent
+    again, it may be stored twice, right after itself; no other message
+    is lost or repeated, and the producer goes on."""
+    interrupter = Interrupter()
+    every = bodies(0, 200)
+    with client.producer(stream, batch_size=7, linger_ms=1) as producer:
+        landed = 0
+        for i, body in enumerate(every):
+            if interrupted_at(interrupter, 1 + i % 30, lambda body=body: producer.send(body)):
+                landed += 1
+                producer.send(body)
+        producer.flush(30)
+    assert landed >= 150
+    got = stored(client, stream, 2 * len(every))
+    deduplicated = [b for j, b in enumerate(got) if j == 0 or b != got[j - 1]]
+    assert deduplicated == every
+
+
+class CutSocket:
+    """A socket whose next ``sendall`` of more than ``at`` bytes sends the
+    first ``at`` and raises ``KeyboardInterrupt``, as a signal handler does
+    when a send blocked halfway through a frame."""
+
+    def __init__(self, sock: socket.socket, at: int) -> None:
+        self._sock, self.at, self.cut = sock, at, False
+
+    def sendall(self, data: Any) -> None:
+        if not self.cut and len(memoryview(data)) > self.at:
+            self.cut = True
+            self._sock.sendall(memoryview(data)[:self.at])
+            raise KeyboardInterrupt
+        self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+def test_a_send_interrupted_halfway_through_a_frame_ends_its_connection(
+        client: pystream.Client, stream: str, named: bool) -> None:  # noqa: F811
+    with pystream.connect(MODERN_URI) as own, \
+            own.producer(stream, name=stream if named else None) as producer:
+        producer.send_batch(bodies(0, PER_BATCH))
+        producer.flush(30)
+        conn = producer._connection
+        cut = CutSocket(conn._sock, 100)
+        conn._sock = cut
+        with pytest.raises(KeyboardInterrupt):
+            producer.send_batch(bodies(PER_BATCH, PER_BATCH))
+        assert cut.cut
+        assert not conn.is_open, "frames went on after a cut one"
+        assert isinstance(conn.error, pystream.SendInterrupted)
+        producer.send_batch(bodies(2 * PER_BATCH, PER_BATCH))
+        producer.flush(30)
+    # The cut batch went again from the new connection, whole, once.
+    assert stored(client, stream) == bodies(0, 3 * PER_BATCH)
