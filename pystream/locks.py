@@ -39,3 +39,12 @@ def wait_for(cond: threading.Condition, predicate: Callable[[], bool],
                 break
         wait(cond, left)
     return result
+
+
+def let_go(*locks: threading.RLock) -> None:
+    """Release every hold this thread has on ``locks`` (reentrant locks,
+    which know their owner): after an interrupt that may have come between
+    taking one and the block that lets it go."""
+    for lock in locks:
+        while lock._is_owned():  # type: ignore[attr-defined]
+            lock.release()

@@ -13,12 +13,13 @@ per message, or one per sub-batch with compression.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,6 +60,24 @@ def codec(name: str | None) -> Codec | None:
                 check_codec(known)
             return known
     raise ValueError(f"compression must be one of {CODECS[1:]}")
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _lets_go_on_interrupt(method: _Method) -> _Method:
+    """A public call of the producer, which never returns holding one of
+    its locks: after an interrupt (not an ``Exception``) that came between
+    taking one and the block that lets it go, the thread lets go of it."""
+    @functools.wraps(method)
+    def call(self: Producer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                locks.let_go(self._lock, self._send_lock, self._buffer_lock)
+            raise
+    return cast(_Method, call)
 
 
 class Producer:
@@ -112,7 +131,7 @@ class Producer:
         self.recovery_timeout = recovery_timeout
 
         # Reentrant locks know their owner: after an interrupt, the thread
-        # it stopped lets go of what it held (``_after_interrupt``).
+        # it stopped lets go of what it held (``_lets_go_on_interrupt``).
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._send_lock = threading.RLock()  # frames go out in id order
@@ -162,6 +181,7 @@ class Producer:
 
     # --- the application's side ---------------------------------------------
 
+    @_lets_go_on_interrupt
     def send(self, body: bytes, *, properties: dict[str, Any] | None = None,
              application_properties: dict[str, Any] | None = None,
              message_annotations: dict[str, Any] | None = None,
@@ -174,17 +194,6 @@ class Producer:
         confirm, it waits for room, at most ``timeout`` seconds (``None``:
         until there is room, or the producer fails or closes), then raises
         ``SendTimeout`` and queues nothing."""
-        try:
-            return self._send(body, properties, application_properties,
-                              message_annotations, filter_value, timeout)
-        except BaseException as exc:
-            self._after_interrupt(exc)
-            raise
-
-    def _send(self, body: bytes, properties: dict[str, Any] | None,
-              application_properties: dict[str, Any] | None,
-              message_annotations: dict[str, Any] | None,
-              filter_value: str | None, timeout: float | None) -> ConfirmFuture[int]:
         check_symbols(properties, message_annotations)
         deadline = _deadline(timeout)
         future: ConfirmFuture[int] = ConfirmFuture(self._callbacks)
@@ -203,6 +212,7 @@ class Producer:
             self._want(flush=False)
         return future
 
+    @_lets_go_on_interrupt
     def send_batch(self, messages: Batch, *, publishing_id: int | None = None,
                    filter_values: Any = None,
                    timeout: float | None = None) -> ConfirmFuture[int]:
@@ -215,14 +225,6 @@ class Producer:
         until there is room, or the producer fails or closes), then raises
         ``SendTimeout`` and sends nothing. The future's ``publishing_ids``
         is the batch's first and last publishing ids."""
-        try:
-            return self._send_batch(messages, publishing_id, filter_values, timeout)
-        except BaseException as exc:
-            self._after_interrupt(exc)
-            raise
-
-    def _send_batch(self, messages: Batch, publishing_id: int | None,
-                    filter_values: Any, timeout: float | None) -> ConfirmFuture[int]:
         deadline = _deadline(timeout)
         if isinstance(messages, (list, tuple)) and (
                 filter_values is not None or self.filter_value is None):
@@ -241,6 +243,7 @@ class Producer:
         return self._publish(bodies, batch, filter_values, publishing_id, None,
                              deadline, timeout)
 
+    @_lets_go_on_interrupt
     def flush(self, timeout: float | None = None) -> None:
         """Send what ``send`` gathered and wait for every confirm, and for
         the done-callbacks of the futures they resolved to have run (so that
@@ -250,11 +253,7 @@ class Producer:
         confirmed but callbacks still run then, or the error that failed the
         producer. Called from a done-callback, it waits for no callback."""
         deadline = _deadline(timeout)
-        try:
-            self._await_confirms(deadline, timeout)
-        except BaseException as exc:
-            self._after_interrupt(exc)
-            raise
+        self._await_confirms(deadline, timeout)
         if not self._callbacks.drain(deadline):
             raise TimeoutError(f"every message to {self.stream!r} was confirmed, but "
                                f"done-callbacks still ran after {timeout:g} s")
@@ -368,6 +367,8 @@ class Producer:
         """Ask the producer's thread to send the buffer, after lingering or
         (``flush``) at once. Flags under the producer's lock, which an
         interrupt cannot leave held, unlike a ``threading.Event``'s."""
+        if self._linger_wanted and not flush:
+            return  # asked already (send's path, a message at a time)
         with self._lock:
             if flush and not self._flush_wanted:
                 self._flush_wanted = True
@@ -500,12 +501,16 @@ class Producer:
 
     # --- interrupts ---------------------------------------------------------
 
+    def _pending(self, record: _Batch) -> bool:
+        """Whether ``record`` awaits its confirms (under the lock)."""
+        return any(b is record for b in self._confirms.pending)
+
     def _owns(self, record: _Batch) -> bool:
         """Whether ``record`` made it into the pending batches (it is there,
         or was settled or failed since)."""
         with self._lock:
-            return (any(b is record for b in self._confirms.pending)
-                    or bool(record.settled.any()) or record.future.done())
+            return (self._pending(record) or bool(record.settled.any())
+                    or record.future.done())
 
     def _cut_send(self, record: _Batch, conn: Connection | None) -> None:
         """An interrupt stopped the send of ``record`` (the caller's
@@ -513,7 +518,7 @@ class Producer:
         whole from a new connection (its frames may be cut on this one, or
         not sent at all)."""
         with self._lock:
-            if not any(b is record for b in self._confirms.pending):
+            if not self._pending(record):
                 return
             self.last_publishing_id = max(self.last_publishing_id, record.last_id)
         if conn is not None:
@@ -527,16 +532,6 @@ class Producer:
             self._buffer[:0] = rows
         self._want(flush=False)
 
-    def _after_interrupt(self, exc: BaseException) -> None:
-        """After an exception out of a public call: an interrupt (not an
-        ``Exception``) may have come between taking a lock and the block
-        that lets it go, so this thread lets go of every lock of the
-        producer it still holds; a public call never returns holding one."""
-        if isinstance(exc, Exception):
-            return
-        for lock in (self._lock, self._send_lock, self._buffer_lock):
-            while lock._is_owned():  # type: ignore[attr-defined]
-                lock.release()
 
     # --- confirms (reader thread) -------------------------------------------
 

@@ -46,14 +46,17 @@ def stored(client: pystream.Client, stream: str,  # noqa: F811
     return [bytes(b) for b in table.column("body").to_pylist()]
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
 def test_an_interrupt_at_any_point_of_a_send_publishes_each_batch_once(
-        client: pystream.Client, stream: str) -> None:  # noqa: F811
-    with client.producer(stream, name=stream) as producer:
+        client: pystream.Client, stream: str, compression: str | None) -> None:  # noqa: F811
+    # Compressed, a batch is one sub-entry: one publishing id.
+    ids = PER_BATCH if compression is None else 1
+    with client.producer(stream, name=stream, compression=compression) as producer:
         state = {"next": 0}
 
         def call() -> bool:
             i = state["next"]
-            first = i * PER_BATCH + 1
+            first = i * ids + 1
             # An interrupted send_batch either left its batch to the
             # producer (its ids are taken: it goes, again after a
             # reconnection if need be) or sent nothing.
