@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from . import locks
 from . import protocol as P
 from .errors import PublisherDoesNotExist, PublishError
 
@@ -47,7 +48,9 @@ class CallbackThread:
         self.name = name
         self._queue: queue.SimpleQueue[tuple[Future[Any], list[Callback]]] = \
             queue.SimpleQueue()
-        self._lock = threading.Lock()
+        # Held as itself, waited on through ``locks.wait``: ``flush`` waits
+        # here in the application's thread, which an interrupt may stop.
+        self._lock = threading.RLock()
         self._ran_some = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._handed = 0   # futures whose callbacks were handed over
@@ -95,11 +98,11 @@ class CallbackThread:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._ran_some.wait(left)
+                locks.wait(self._ran_some, left)
             return True
 
 
-class ConfirmFuture(Future[T]):
+class ConfirmFuture(locks.Future[T]):
     """A future a producer resolves when the broker confirmed (or refused)
     what it stands for. Its result is set, and ``done()`` is true, as soon
     as the confirm is read; its done-callbacks then run on the producer's
@@ -143,7 +146,7 @@ class _Batch:
         self.settled = np.zeros(len(counts), np.bool_)  # ids confirmed or refused
         self.messages = int(counts.sum())
         self.frames = frames
-        self.future: Future[int] = future if future is not None else Future()
+        self.future: Future[int] = future if future is not None else locks.Future()
         self.message_futures = message_futures
         self.failures: list[tuple[int, int]] = []
 

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import metrics
+from . import locks, metrics
 from . import protocol as P
 from ._core import StreamDecoder
 from .errors import (
@@ -108,7 +108,7 @@ class Connection:
         self._pending: dict[int, Future[P.Command]] = {}
         self._next_corr = 1
         self._close_listeners: list[Callable[[StreamError | None], None]] = []
-        self._tune: Future[P.Tune] = Future()
+        self._tune: Future[P.Tune] = locks.Future()
         self._error: StreamError | None = None
         self._closing = False  # we sent Close: the broker's EOF is expected
         self._closed = threading.Event()
@@ -245,7 +245,7 @@ class Connection:
                 timeout: float | None = None) -> P.Command:
         """Send the request ``make(correlation_id)`` and wait for its answer;
         a response code other than OK raises its error class."""
-        future: Future[P.Command] = Future()
+        future: Future[P.Command] = locks.Future()
         with self._state_lock:
             self._check_open()
             corr = self._next_corr

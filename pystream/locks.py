@@ -12,9 +12,13 @@ lock must be an ``RLock``: it knows its owner."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait(cond: threading.Condition, timeout: float | None) -> bool:
@@ -48,3 +52,98 @@ def let_go(*locks: threading.RLock) -> None:
     for lock in locks:
         while lock._is_owned():  # type: ignore[attr-defined]
             lock.release()
+
+
+class Condition(threading.Condition):
+    """A condition over an ``RLock`` (``lock``) whose ``wait`` raises
+    holding it, as ``wait`` above: for code that waits through
+    ``threading.Condition`` methods of its own (``concurrent.futures``).
+    Its Python ``__enter__`` keeps the gap after the lock was taken: the
+    caller lets go of ``lock`` after an interrupt (``let_go``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        super().__init__(self.lock)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            return super().wait(timeout)
+        except BaseException:
+            if not self._is_owned():  # type: ignore[attr-defined]
+                self.acquire()
+            raise
+
+
+class Future(concurrent.futures.Future[T]):
+    """A ``concurrent.futures.Future`` that an interrupt in a thread
+    waiting on it or adding a callback to it (the application's) leaves
+    working: the thread that resolves it (a connection's reader) takes
+    the same lock, and would wait for good for a lock left held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._condition: Condition = Condition()
+
+    # Future's calls, each through ``with self._condition``: after an
+    # interrupt (not an ``Exception``) that may have come after the lock
+    # was taken and before the block was entered, this thread lets go of it.
+
+    def result(self, timeout: float | None = None) -> T:
+        try:
+            return super().result(timeout)
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def done(self) -> bool:
+        try:
+            return super().done()
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def running(self) -> bool:
+        try:
+            return super().running()
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def cancelled(self) -> bool:
+        try:
+            return super().cancelled()
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
+        try:
+            super().add_done_callback(fn)
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def set_result(self, result: T) -> None:
+        try:
+            super().set_result(result)
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        try:
+            super().set_exception(exception)
+        except BaseException as exc:
+            self._let_go(exc)
+            raise
+
+    def _let_go(self, exc: BaseException) -> None:
+        if not isinstance(exc, Exception):
+            let_go(self._condition.lock)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import locks
 from ._core import murmur3_32
 from .arrow import Batch, as_batch, take_rows
 from .confirms import ConfirmFuture
@@ -216,7 +217,7 @@ def _all_of(super_stream: str, futures: dict[str, ConfirmFuture[int]],
     """A future for the partitions' futures: None once all succeeded, or
     ``PartitionsFailed`` (with ``failed``, those that raised before
     sending) once all settled."""
-    combined: Future[None] = Future()
+    combined: Future[None] = locks.Future()
     left = [len(futures)]
     lock = threading.Lock()
 

@@ -132,7 +132,10 @@ WRITERS = ("producer", "super-producer", *SINKS)
 
 # Cells that do not apply, and why.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
-    **{(p, "cancel"): "nothing to cancel: sending does not wait" for p in WRITERS},
+    ("super-producer", "cancel"): "no promise: an interrupted SuperStreamProducer."
+                                  "send_batch may have sent some partitions' shares",
+    **{(p, "cancel"): "a Spark task is cancelled by ending its Python worker (the kill "
+                      "cell), not by an interrupt it catches" for p in SINKS},
     ("range", "cancel"): "a cancelled range read is dropped and its task re-run "
                          "(the exception cell)",
     ("range-filtered", "cancel"): "as range",
@@ -1050,6 +1053,37 @@ def cell_interrupted(run: Run) -> None:
         run.verdict_hint = run.verdict_hint or "the reader never reached the end"
 
 
+def cell_interrupted_producer(run: Run) -> None:
+    """A named producer in a child process, sent SIGINT again and again
+    while it sends; it catches each KeyboardInterrupt and goes on as
+    docs/producing.md says."""
+    with run.connect() as client:
+        run.stream(client)
+        out = run.workdir / f"{run.tag}.bin"
+        child = spawn(run, "interrupted-producer", out)
+        wait_for(lambda: len(pairs(out)) > 0 or child.poll() is not None, 60)
+        sent = 0
+        deadline = time.monotonic() + AFTER_FAULT
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(random.uniform(0.001, 0.01))
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGINT)
+                sent += 1
+        result = reap(run, child, AFTER_FAULT)
+        run.cell.events.append(f"{sent} SIGINT sent, {result.get('interrupts', '?')} "
+                               f"KeyboardInterrupt caught in the producer's calls")
+        run.halfway.set()
+        if not result.get("interrupts"):
+            run.verdict_hint = run.verdict_hint or "no interrupt landed: not tested"
+        confirmed = np.zeros(N, bool)
+        for first, n in pairs(out):
+            if first >= 0:
+                confirmed[first:first + n] = True
+        if not result.get("done"):
+            run.verdict_hint = run.verdict_hint or "the producer did not finish"
+        finish_writer(run, client, confirmed)
+
+
 # --- the children's side ------------------------------------------------------------
 
 
@@ -1068,6 +1102,8 @@ def child_main(spec: dict[str, Any]) -> int:
             return _child_interrupted(client, spec, write)
         if role == "producer":
             return _child_produce(client, spec, write)
+        if role == "interrupted-producer":
+            return _child_interrupted_produce(client, spec, write)
         if role == "super-producer":
             return _child_super_produce(client, spec, write)
         if role == "sink":
@@ -1170,6 +1206,66 @@ def _child_produce(client: pystream.Client, spec: dict[str, Any], write: Any) ->
     return 0
 
 
+INTERRUPTED_BATCH = 50  # records per batch of the interrupted producer: more calls
+
+
+def _child_interrupted_produce(client: pystream.Client, spec: dict[str, Any],
+                               write: Any) -> int:
+    """Sends as docs/producing.md says an interrupted application should:
+    catch the KeyboardInterrupt, flush, and send again from what
+    ``last_publishing_id`` has not reached. A SIGINT interrupts the
+    producer's calls only (``send_batch``, ``flush``), one at a time as the
+    promise says: one that comes before the last was handled (while it
+    goes up through the producer) is counted and dropped. Each batch is
+    flushed before the next, so that most signals land in a call."""
+    armed = [False]
+    dropped = [0]
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        dropped[0] += 1
+
+    def confirmed(future: Any, first: int, n: int) -> None:
+        if future.exception() is None:
+            write([first], [n])
+
+    signal.signal(signal.SIGINT, on_sigint)
+    interrupts = 0
+    write([-1], [0])  # started: the signals may come
+    with client.producer(spec["streams"][0], name=spec["tag"]) as producer:
+        seq, resync = 0, False
+        while True:
+            try:
+                armed[0] = True
+                if resync:
+                    producer.flush(AFTER_FAULT)
+                    seq, resync = producer.last_publishing_id, False
+                if seq >= N:
+                    producer.flush(AFTER_FAULT)
+                    armed[0] = False
+                    break
+                n = min(INTERRUPTED_BATCH, N - seq)
+                future = producer.send_batch(as_binary(bodies(seq, n)),
+                                             publishing_id=seq + 1)
+                seq += n
+                future.add_done_callback(functools.partial(confirmed, first=seq - n, n=n))
+                producer.flush(AFTER_FAULT)
+                armed[0] = False
+            except KeyboardInterrupt:
+                armed[0] = False
+                interrupts += 1
+                resync = True
+        # Every message the producer took is confirmed (flush returned),
+        # those of futures an interrupt kept from the callbacks too.
+        write([0], [producer.last_publishing_id])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
+    print(json.dumps({"done": producer.last_publishing_id == N,
+                      "interrupts": interrupts, "outside_calls": dropped[0]}))
+    return 0
+
+
 def _child_super_produce(client: pystream.Client, spec: dict[str, Any], write: Any) -> int:
     confirmed = np.zeros(N, bool)
     if spec.get("confirmed_file"):
@@ -1214,6 +1310,8 @@ READERS_IN_PROCESS: dict[str, Callable[[Run], None]] = {
 def runner(path: str, fault: str) -> Callable[[Run], None]:
     if fault == "kill":
         return cell_kill_writer if path in WRITERS else cell_kill_reader
+    if fault == "cancel" and path == "producer":
+        return cell_interrupted_producer
     if fault == "cancel" and path != "aio":
         return cell_interrupted
     return READERS_IN_PROCESS[path]

@@ -12,6 +12,8 @@ the connection rather than let the next frame follow the cut one.
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,8 @@ import numpy as np
 import pytest
 
 import pystream
+from pystream import locks
+from pystream.confirms import CallbackThread, ConfirmFuture
 
 from .conftest import MODERN_URI
 
@@ -158,3 +162,72 @@ def test_a_send_interrupted_halfway_through_a_frame_ends_its_connection(
         producer.flush(30)
     # The cut batch went again from the new connection, whole, once.
     assert stored(client, stream) == bodies(0, 3 * PER_BATCH)
+
+
+FUTURE_CALLS: dict[str, Any] = {
+    "add_done_callback": lambda f: f.add_done_callback(lambda _: None),
+    "result": lambda f: f.result(timeout=0.001),
+    "exception": lambda f: f.exception(timeout=0.001),
+    "done": lambda f: f.done(),
+}
+
+
+@pytest.mark.parametrize("kind", ["confirm", "request"])
+@pytest.mark.parametrize("call", FUTURE_CALLS)
+def test_an_interrupt_in_a_future_s_call_leaves_it_to_be_resolved(
+        call: str, kind: str) -> None:
+    """A future's calls take its lock (``with self._condition``), and an
+    interrupt may land after the lock was taken and before the block that
+    lets it go, or inside a ``wait`` with the lock let go. The reader
+    thread resolves the future under that lock (a producer's confirm, the
+    answer to a request): held for good, it would wait for good, and every
+    frame of the connection after it."""
+    callbacks = CallbackThread("test-interrupted-futures")
+    interrupter = Interrupter()
+    landed, at = 0, 1
+    while True:
+        future: locks.Future[int] = (ConfirmFuture(callbacks) if kind == "confirm"
+                                     else locks.Future())
+        try:
+            interrupter.call(at, lambda f=future: FUTURE_CALLS[call](f))
+        except KeyboardInterrupt:
+            landed += 1
+        except TimeoutError:
+            pass
+        resolver = threading.Thread(target=future.set_result, args=(at,), daemon=True)
+        resolver.start()
+        resolver.join(5)
+        assert not resolver.is_alive(), f"{call} interrupted at its point {at} kept the lock"
+        assert future.result(timeout=1) == at
+        if interrupter.points < at:  # ran whole: every point was tried
+            break
+        at += 1
+    assert landed >= 3
+
+
+def test_an_interrupt_in_flush_s_wait_for_callbacks_leaves_them_running() -> None:
+    """``flush`` waits for the done-callbacks to have run (``drain``); an
+    interrupt in that wait must leave its lock free for the resolving
+    thread, and the next wait working."""
+    callbacks = CallbackThread("test-interrupted-drain")
+    interrupter = Interrupter()
+    landed, at = 0, 1
+    while True:
+        future: ConfirmFuture[int] = ConfirmFuture(callbacks)
+        future.add_done_callback(lambda _: time.sleep(0.01))
+        future.set_result(0)
+        try:
+            interrupter.call(at, lambda: callbacks.drain(None))
+        except KeyboardInterrupt:
+            landed += 1
+        other: ConfirmFuture[int] = ConfirmFuture(callbacks)
+        other.add_done_callback(lambda _: None)
+        resolver = threading.Thread(target=other.set_result, args=(1,), daemon=True)
+        resolver.start()
+        resolver.join(5)
+        assert not resolver.is_alive(), f"drain interrupted at its point {at} kept the lock"
+        assert callbacks.drain(time.monotonic() + 5)
+        if interrupter.points < at:
+            break
+        at += 1
+    assert landed >= 3
