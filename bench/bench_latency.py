@@ -38,12 +38,16 @@ broker (RabbitMQ 4.0, ``--uri``), taking turns within each of ``--repeat``
      head in place; what the broker and the publisher leave to any client.
    * ``pystream``: ``client.consumer(stream, offset="next")`` with its
      defaults, iterating batches; the receive time is taken when a batch is
-     handed to the application and the batch kept; the send times are read
-     after the end marker, vectorised (the body column cast to ``binary``,
-     the first 16 bytes of each body gathered with numpy), no Python object
-     per message. (The per-message clients keep each body's head as it
-     comes: an append; reading a batch's heads costs some 40 us of numpy
-     calls however small the batch, which would delay the next one.)
+     handed to the application and the batch kept; it stops once it has
+     as many rows as were published (the parent says how many: the rate
+     times ``--seconds``, and the marker), and the send times are read
+     then, vectorised (the body column cast to ``binary``, the first 16
+     bytes of each body gathered with numpy), no Python object per
+     message, the marker checked last. (The per-message clients keep each
+     body's head as it comes, an append, and compare bytes they hold;
+     reading a batch's heads, or looking at its last body, costs tens of
+     microseconds of numpy or pyarrow calls on a cold cache, however small
+     the batch.)
    * ``rbfly``: ``stream_client.subscribe(stream, offset=Offset.NEXT)``, the
      async iterator of message bodies; a receive time per message.
    * ``rstream``: ``Consumer.subscribe(stream, callback,
@@ -111,6 +115,9 @@ COLORS = {"wire": "tab:gray", "pystream": "tab:blue", "rbfly": "tab:orange",
 LATENCY_FACTOR = 1.5   # target: pystream's p99 at most this times the C reference latency's
 
 HEAD = 16          # body bytes read back: send time and sequence number
+# Where a consumer of a run of consumers reading together writes each
+# message's latency, for the parent to pair them (``paired``).
+DUMP: list[str | None] = [None]
 MARKER = -1        # send-time field of the end marker; its sequence = messages sent
 MARKER_BYTES = np.array([MARKER], "<i8").tobytes()
 PERCENTILES = (50, 90, 99, 99.9, 99.99)
@@ -205,6 +212,8 @@ def latency_result(recv_ns: np.ndarray, heads: np.ndarray, warmup: float,
     lat = (recv_ns[keep] - stamps[keep]) / 1e6
     if not len(lat):
         raise SystemExit("no message after the warm-up")
+    if DUMP[0]:
+        np.savez(DUMP[0], seqs=seqs[keep], ms=lat)
     xs = np.arange(0, np.log10(len(lat)) + 1e-9, CURVE_STEP)
     curve = np.quantile(lat, 1 - 10.0 ** -xs)
     hist, _ = np.histogram(np.clip(lat, HIST_EDGES_MS[0], HIST_EDGES_MS[-1]),
@@ -256,7 +265,7 @@ def consume_wire(uri: str, stream: str, warmup: float,
 
 
 def consume_pystream(uri: str, stream: str, warmup: float,
-                     ready: Callable[[], None]) -> dict:
+                     ready: Callable[[], None], expect: int) -> dict:
     import pyarrow as pa
 
     import pystream
@@ -265,10 +274,16 @@ def consume_pystream(uri: str, stream: str, warmup: float,
         with client.consumer(stream, offset="next") as consumer:
             ready()
             clock = CpuClock()
+            rows = 0
             for batch in consumer:
                 received.append((time.monotonic_ns(), batch))
-                PROGRESS[0] += batch.num_rows
-                if batch.column("body")[-1].as_py()[:8] == MARKER_BYTES:
+                rows += batch.num_rows
+                PROGRESS[0] = rows
+                # The count, not a look at the last body (a call into
+                # pyarrow, tens of microseconds on a cold cache, where the
+                # per-message clients compare bytes they hold): the end
+                # marker is checked once the run is over.
+                if rows >= expect:
                     break
             cpu = clock.share()
     # The bodies are read once the run is over, as the per-message clients
@@ -389,8 +404,7 @@ def consume_rstream(uri: str, stream: str, warmup: float,
     return latency_result(*per_message_arrays(recv, heads), warmup, cpu, {})
 
 
-CONSUMERS = {"pystream": consume_pystream, "rbfly": consume_rbfly,
-             "rstream": consume_rstream}
+CONSUMERS = {"rbfly": consume_rbfly, "rstream": consume_rstream}
 
 
 
@@ -398,6 +412,7 @@ def child_main(args: argparse.Namespace) -> None:
     # A consumer idles from its start until the publisher's first message
     # (a second or two): far less than --stall.
     harness.start_watchdog(args.stall)
+    DUMP[0] = args.dump
     if args.child == "publisher":
         out = publish_paced(args.uri, args.stream, args.rate, args.seconds,
                             args.size, args.warmup, args.tick_ms)
@@ -408,6 +423,8 @@ def child_main(args: argparse.Namespace) -> None:
 
         if args.child == "wire":
             out = consume_wire(args.uri, args.stream, args.warmup, ready, args.size)
+        elif args.child == "pystream":
+            out = consume_pystream(args.uri, args.stream, args.warmup, ready, args.expect)
         else:
             out = CONSUMERS[args.child](args.uri, args.stream, args.warmup, ready)
     harness.child_done(out)
@@ -434,7 +451,9 @@ def measure(args: argparse.Namespace, names: list[str], rate: int) -> dict[str, 
             threads, results = [], {}
             for name in names:
                 ready_file = os.path.join(tmp, f"ready-{name}")
-                cmd = child_cmd(args, name, "--ready-file", ready_file)
+                dumps = ("--dump", os.path.join(tmp, f"{name}.npz")) if len(names) > 1 else ()
+                cmd = child_cmd(args, name, "--ready-file", ready_file,
+                                "--expect", str(int(rate * args.seconds) + 1), *dumps)
 
                 def run(name: str = name, cmd: list[str] = cmd) -> None:
                     results[name] = harness.run_child(
@@ -458,12 +477,15 @@ def measure(args: argparse.Namespace, names: list[str], rate: int) -> dict[str, 
                 args.seconds + 120, args.uri)
             for t in threads:
                 t.join()
+            pairs = paired(tmp, names) if len(names) > 1 else {}
     finally:
         harness.admin(args.uri, lambda a: a.delete_stream(STREAM, missing_ok=True))
     for name in names:
         r = dict(results[name])
         if len(names) > 1:
             r["together"] = names
+            if name in pairs:
+                r["paired"] = pairs[name]
         if "error" in publisher:
             r["error"] = "publisher " + publisher["error"]
         else:
@@ -472,6 +494,37 @@ def measure(args: argparse.Namespace, names: list[str], rate: int) -> dict[str, 
             if "error" not in r:
                 r["lost"] = publisher["measured"] - r["messages"]
         out[name] = r
+    return out
+
+
+def paired(tmp: str, names: list[str]) -> dict[str, dict]:
+    """Of consumers that read the same messages at once, pystream's latency
+    against each other's message by message: the median and the 10th and
+    90th percentiles of the differences (ms; below 0, pystream handed the
+    message first) and the share of messages pystream handed first. What
+    pystream adds to a message, apart from what the broker's delivery to
+    each subscription adds, which differs from one to the next by a
+    millisecond either way and so decides who has the higher p99."""
+    lat: dict[str, dict[int, float]] = {}
+    for name in names:
+        path = os.path.join(tmp, f"{name}.npz")
+        if os.path.exists(path):
+            with np.load(path) as d:
+                lat[name] = dict(zip(d["seqs"].tolist(), d["ms"].tolist(), strict=True))
+    mine = lat.get("pystream")
+    out: dict[str, dict] = {}
+    for other, theirs in lat.items():
+        if mine is None or other == "pystream":
+            continue
+        common = sorted(mine.keys() & theirs.keys())
+        if not common:
+            continue
+        diff = np.array([mine[s] - theirs[s] for s in common])
+        p10, p50, p90 = np.percentile(diff, [10, 50, 90])
+        out.setdefault("pystream", {})[other] = {
+            "messages": len(common), "diff_p10_ms": float(p10),
+            "diff_median_ms": float(p50), "diff_p90_ms": float(p90),
+            "pystream_first": float(np.mean(diff < 0))}
     return out
 
 
@@ -508,6 +561,13 @@ def summarize(runs: list[dict], label: str) -> dict:
         "lost": sum(r["lost"] for r in good),
         "publisher_flagged": sum(bool(r.get("publisher_flagged")) for r in good),
     })
+    others = {o for r in good for o in r.get("paired", {})}
+    for other in sorted(others):
+        runs_paired = [r["paired"][other] for r in good if other in r.get("paired", {})]
+        out.setdefault("paired", {})[other] = {
+            key: statistics.median(x[key] for x in runs_paired)
+            for key in ("diff_p10_ms", "diff_median_ms", "diff_p90_ms", "pystream_first")}
+        out["paired"][other]["runs"] = len(runs_paired)
     for key in ("p50_ms", "p90_ms", "p99.9_ms", "max_ms", "cpu_share",
                 "broker_cpu_share"):
         if all(key in r for r in good):
@@ -532,6 +592,12 @@ def print_table(rate: int, by_client: dict[str, dict]) -> None:
               f"p99 {fmt_ms(r['p99_median_ms']):>7} ({fmt_ms(r['p99_min_ms'])}-"
               f"{fmt_ms(r['p99_max_ms'])})  {ratio}  lost {r['lost']}"
               f"{'  publisher flagged' if r['publisher_flagged'] else ''}")
+    for other, p in by_client.get("pystream", {}).get("paired", {}).items():
+        label = by_client.get(other, {}).get("label", other)
+        print(f"   message by message, pystream - {label}: median "
+              f"{p['diff_median_ms'] * 1000:+.0f} us (10th {p['diff_p10_ms'] * 1000:+.0f}, "
+              f"90th {p['diff_p90_ms'] * 1000:+.0f}); pystream first for "
+              f"{p['pystream_first']:.0%} of the messages")
 
 
 def check_targets(results: dict) -> list[dict]:
@@ -691,6 +757,8 @@ def main() -> None:
     ap.add_argument("--stream", help=harness.argparse.SUPPRESS)
     ap.add_argument("--rate", type=int, help=harness.argparse.SUPPRESS)
     ap.add_argument("--ready-file", help=harness.argparse.SUPPRESS)
+    ap.add_argument("--expect", type=int, help=harness.argparse.SUPPRESS)
+    ap.add_argument("--dump", help=harness.argparse.SUPPRESS)
     args = ap.parse_args()
     args.timeout = args.catch_up
     if args.child:

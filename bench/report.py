@@ -349,6 +349,27 @@ def latency_block() -> str:
                        f"{ms(c['p99_max_ms'])} | {p90s} | {ms(c['p99.9_median_ms'])} | "
                        f"{ms(c['max_median_ms'])} | {ratio} | {cpu} | "
                        f"{c['lost']}{flagged} | {load_range(c['runs'])} |")
+    pairs = [(r, by["pystream"]["paired"]) for r, by in res["rates"].items()
+             if by.get("pystream", {}).get("paired")]
+    if pairs:
+        out += ["", "Message by message, where the clients read together: pystream's "
+                "latency minus the other client's for the same message (the median, "
+                "10th and 90th percentiles over a run's messages, each the median "
+                "over the runs; below 0 pystream handed the message first), and the "
+                "share of messages pystream handed first:", "",
+                "| rate | against | median | 10th | 90th | pystream first |",
+                "|---|---|---|---|---|---|"]
+        for r, paired in pairs:
+            first = True
+            for other, p in paired.items():
+                label = (REFERENCE_LABELS["latency"] if other == "wire"
+                         else res["rates"][r].get(other, {}).get("label", other))
+                out.append(f"| {count(int(r)) + ' msg/s' if first else ''} | {label} | "
+                           f"{p['diff_median_ms'] * 1000:+.0f} us | "
+                           f"{p['diff_p10_ms'] * 1000:+.0f} us | "
+                           f"{p['diff_p90_ms'] * 1000:+.0f} us | "
+                           f"{p['pystream_first']:.0%} |")
+                first = False
     out += ["", "Targets, as measured (medians of the runs' p99; \"below\" a peer is met only "
             "where the runs show it at 5 %: run by run, by a sign test, where the clients "
             "read together, else by a one-sided Mann-Whitney U test over the runs' p99s; "
