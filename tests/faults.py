@@ -122,6 +122,7 @@ PATHS = {
     "super": f"super stream consumer ({PARTITIONS} partitions), named",
     "filtered": "filtered consumer (filter + post filter)",
     "producer": "Producer, named (deduplicating)",
+    "producer-interrupted": "Producer, named, sent SIGINT again and again",
     "super-producer": "SuperStreamProducer, named",
     **{f"sink-{c}": f"Spark sink task, {c}" for c in CODECS},
 }
@@ -132,6 +133,9 @@ WRITERS = ("producer", "super-producer", *SINKS)
 
 # Cells that do not apply, and why.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
+    **{("producer-interrupted", f): "the interrupts are the Producer row's cancel "
+                                    "cell; here they meet the broker's faults"
+       for f in ("exception", "cancel", "kill")},
     ("super-producer", "cancel"): "no promise: an interrupted SuperStreamProducer."
                                   "send_batch may have sent some partitions' shares",
     **{(p, "cancel"): "a Spark task is cancelled by ending its Python worker (the kill "
@@ -1056,23 +1060,27 @@ def cell_interrupted(run: Run) -> None:
 def cell_interrupted_producer(run: Run) -> None:
     """A named producer in a child process, sent SIGINT again and again
     while it sends; it catches each KeyboardInterrupt and goes on as
-    docs/producing.md says."""
+    docs/producing.md says. A broker fault strikes once it is half-way."""
     with run.connect() as client:
         run.stream(client)
         out = run.workdir / f"{run.tag}.bin"
         child = spawn(run, "interrupted-producer", out)
         wait_for(lambda: len(pairs(out)) > 0 or child.poll() is not None, 60)
+        confirmed = lambda: int(pairs(out)[:, 1].sum())  # noqa: E731
         sent = 0
-        deadline = time.monotonic() + AFTER_FAULT
+        deadline = time.monotonic() + MIDWAY_WAIT + PAUSE + AFTER_FAULT
         while child.poll() is None and time.monotonic() < deadline:
+            if not run.halfway.is_set() and confirmed() >= N // 2:
+                run.halfway.set()
             time.sleep(random.uniform(0.001, 0.01))
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signal.SIGINT)
                 sent += 1
+        run.halfway.set()
         result = reap(run, child, AFTER_FAULT)
         run.cell.events.append(f"{sent} SIGINT sent, {result.get('interrupts', '?')} "
-                               f"KeyboardInterrupt caught in the producer's calls")
-        run.halfway.set()
+                               f"KeyboardInterrupt caught in the producer's calls, "
+                               f"{result.get('recoveries', '?')} recoveries")
         if not result.get("interrupts"):
             run.verdict_hint = run.verdict_hint or "no interrupt landed: not tested"
         confirmed = np.zeros(N, bool)
@@ -1232,6 +1240,8 @@ def _child_interrupted_produce(client: pystream.Client, spec: dict[str, Any],
             write([first], [n])
 
     signal.signal(signal.SIGINT, on_sigint)
+    recoveries = _Recoveries()
+    logging.getLogger("pystream").addHandler(recoveries)
     interrupts = 0
     write([-1], [0])  # started: the signals may come
     with client.producer(spec["streams"][0], name=spec["tag"]) as producer:
@@ -1253,6 +1263,8 @@ def _child_interrupted_produce(client: pystream.Client, spec: dict[str, Any],
                 future.add_done_callback(functools.partial(confirmed, first=seq - n, n=n))
                 producer.flush(AFTER_FAULT)
                 armed[0] = False
+                if seq >= N // 2:  # the second half over SECOND_HALF: a fault strikes
+                    time.sleep(SECOND_HALF / (N / 2 / INTERRUPTED_BATCH))
             except KeyboardInterrupt:
                 armed[0] = False
                 interrupts += 1
@@ -1262,7 +1274,8 @@ def _child_interrupted_produce(client: pystream.Client, spec: dict[str, Any],
         write([0], [producer.last_publishing_id])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
     print(json.dumps({"done": producer.last_publishing_id == N,
-                      "interrupts": interrupts, "outside_calls": dropped[0]}))
+                      "interrupts": interrupts, "outside_calls": dropped[0],
+                      "recoveries": len(recoveries.messages)}))
     return 0
 
 
@@ -1310,7 +1323,7 @@ READERS_IN_PROCESS: dict[str, Callable[[Run], None]] = {
 def runner(path: str, fault: str) -> Callable[[Run], None]:
     if fault == "kill":
         return cell_kill_writer if path in WRITERS else cell_kill_reader
-    if fault == "cancel" and path == "producer":
+    if path == "producer-interrupted" or (fault == "cancel" and path == "producer"):
         return cell_interrupted_producer
     if fault == "cancel" and path != "aio":
         return cell_interrupted
