@@ -471,8 +471,12 @@ class Connection:
         self._check_open()
         return self._routes.add_publisher(sink)
 
-    def remove_publisher(self, publisher_id: int) -> None:
-        self._routes.remove_publisher(publisher_id)
+    def remove_publisher(self, publisher_id: int, sink: PublisherSink) -> None:
+        self._routes.remove_publisher(publisher_id, sink)
+
+    def has_publisher(self, publisher_id: int, sink: PublisherSink) -> bool:
+        """Whether ``sink`` holds ``publisher_id`` on this connection."""
+        return self._routes.publisher(publisher_id) is sink
 
     def _drain(self, reader: StreamDecoder) -> None:
         """Hand every complete frame in ``reader``'s buffer to its owner."""

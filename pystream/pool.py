@@ -34,6 +34,10 @@ containers, a load balancer in front of the nodes)."""
 LOAD_BALANCER_ATTEMPTS = 5
 
 
+class _Anonymous:
+    """A holder of a connection that did not name itself."""
+
+
 class ConnectionPool:
     def __init__(self, address: BrokerAddress, options: dict[str, Any],
                  resolver: AddressResolver | None,
@@ -44,38 +48,74 @@ class ConnectionPool:
         self.max_subscriptions = max_subscriptions
         self._lock = threading.Lock()
         self._connections: dict[Endpoint, list[Connection]] = {}
-        self._users: dict[Connection, int] = {}
+        # Who holds each connection: one list operation takes or gives
+        # back a hold, so an interrupt lands before or after it, never
+        # halfway; a named holder's give-back is done at most once.
+        self._holders: dict[Connection, list[object]] = {}
 
-    def acquire(self, endpoint: Endpoint) -> Connection:
+    def holders(self) -> dict[Connection, int]:
+        """How many hold each connection of the pool."""
+        with self._lock:
+            return {c: len(h) for c, h in self._holders.items()}
+
+    def acquire(self, endpoint: Endpoint, holder: object = None) -> Connection:
         """An open connection to ``endpoint`` with room for one more user;
-        give it back with :meth:`release`."""
+        give it back with :meth:`release` (``holder``: with the same)."""
+        holder = _Anonymous() if holder is None else holder
         with self._lock:
             for conn in self._connections.get(endpoint, []):
-                if conn.is_open and self._users[conn] < self.max_subscriptions:
-                    self._users[conn] += 1
+                holders = self._holders[conn]
+                if conn.is_open and len(holders) < self.max_subscriptions:
+                    holders.append(holder)
                     return conn
         conn = self._open(endpoint)
         with self._lock:
+            self._holders[conn] = [holder]
             self._connections.setdefault(endpoint, []).append(conn)
-            self._users[conn] = 1
         return conn
 
-    def release(self, conn: Connection) -> None:
+    def release(self, conn: Connection, holder: object = None) -> None:
+        """Give back a hold on ``conn``: one of an unnamed holder's, or
+        ``holder``'s if it has one (else nothing: a give-back repeated
+        after an interrupt). The last one closes it."""
         with self._lock:
-            users = self._users.get(conn, 1) - 1
-            if users > 0:
-                self._users[conn] = users
-                return
-            self._users.pop(conn, None)
-            for conns in self._connections.values():
-                if conn in conns:
-                    conns.remove(conn)
-        conn.close()
+            holders = self._holders.get(conn)
+            if holders is not None:
+                if holder is None:
+                    holder = next((h for h in holders if isinstance(h, _Anonymous)), None)
+                if holder in holders:
+                    holders.remove(holder)
+        self._close_unheld()
+
+    def release_all(self, holder: object) -> None:
+        """Give back every hold ``holder`` has, as many times as it is asked."""
+        with self._lock:
+            held = [c for c, h in self._holders.items() if holder in h]
+        for conn in held:
+            self.release(conn, holder)
+        self._close_unheld()
+
+    def _close_unheld(self) -> None:
+        """Close the connections nobody holds. They stay listed, with no
+        holder, until closed: the next give-back closes one that an
+        interrupt kept from it."""
+        with self._lock:
+            unheld = [c for c, h in self._holders.items() if not h]
+            for conn in unheld:
+                for conns in self._connections.values():
+                    if conn in conns:
+                        conns.remove(conn)  # handed out no more
+        for conn in unheld:
+            conn.close()
+        with self._lock:
+            for conn in unheld:
+                if not self._holders.get(conn, True):
+                    del self._holders[conn]
 
     def close(self) -> None:
         with self._lock:
-            conns = list(self._users)
-            self._users.clear()
+            conns = list(self._holders)
+            self._holders.clear()
             self._connections.clear()
         for conn in conns:
             conn.close()

@@ -145,7 +145,9 @@ class Producer:
         # Messages taken from the buffer and not sent (or failed) yet: they
         # count in the window, and flush and close wait for them too.
         self._taken = 0
-        self._closed = False
+        self._closed = False        # no more sends
+        self._closed_whole = False  # close() ran to its end
+        self._unsent: list[Row] = []  # the buffer at close, failed one by one
         self._error: BaseException | None = None
         self._connection: Connection | None = None
         self._publisher_id = -1
@@ -278,6 +280,7 @@ class Producer:
             self._callbacks.drain(deadline)
             raise error
 
+    @_lets_go_on_interrupt
     def close(self, timeout: float | None = 30.0) -> None:
         """Send what ``send`` gathered, wait for every confirm (at most
         ``timeout`` seconds), then delete the publisher on the broker. Every
@@ -285,23 +288,28 @@ class Producer:
         unconfirmed at the deadline fails with ``ConfirmTimeout`` (the broker
         may or may not have stored it; close raises it too), one not sent
         yet with ``ProducerClosed``; and their done-callbacks have run,
-        unless one still runs at the deadline."""
-        if self._closed:
+        unless one still runs at the deadline. A close an interrupt stopped
+        stops waiting and finishes on the next call of ``close``."""
+        if self._closed_whole:
             return
         deadline = _deadline(timeout)
         try:
-            if self._error is None:
+            if self._error is None and not self._closed:
                 self._await_confirms(deadline, timeout)
         finally:
             with self._lock:
                 self._closed = True
-                rows, self._buffer = self._buffer, []
+                # One statement: no interrupt between the two lists.
+                self._unsent, self._buffer = self._unsent + self._buffer, []
                 self._cond.notify_all()
             self._hand_over()
             closed = ProducerClosed(f"the producer of {self.stream!r} was closed "
                                     "before the message was sent")
-            for row in rows:
-                row[-1].set_exception(closed)
+            while self._unsent:
+                future = self._unsent[-1][-1]
+                if not future.done():
+                    future.set_exception(closed)
+                self._unsent.pop()
             with self._lock:
                 # The producer's thread fails what it holds once it sees
                 # the producer closed.
@@ -316,6 +324,7 @@ class Producer:
             if not self._callbacks.drain(deadline):
                 log.warning("producer of %r closed while done-callbacks still ran",
                             self.stream)
+            self._closed_whole = True
 
     # --- batches ------------------------------------------------------------
 
@@ -633,7 +642,7 @@ class Producer:
 
     def _connect(self) -> Connection:
         endpoint = self.client.locate(self.stream, replica=False)
-        conn = self.client.pool.acquire(endpoint)
+        conn = self.client.pool.acquire(endpoint, self)
         try:
             pid = conn.add_publisher(self)
             try:
@@ -641,26 +650,31 @@ class Producer:
                     c, pid, self.name or "", self.stream),
                     f"declare a publisher on {self.stream!r}")
             except BaseException:
-                conn.remove_publisher(pid)
+                conn.remove_publisher(pid, self)
                 raise
         except BaseException:
-            self.client.pool.release(conn)
+            self.client.pool.release(conn, self)
             raise
         self._connection, self._publisher_id = conn, pid
         return conn
 
     def _disconnect(self, *, delete: bool, timeout: float = 5.0) -> None:
-        conn, self._connection = self._connection, None
-        if conn is None:
-            return
-        if delete and conn.is_open:
-            try:
-                conn.request(lambda c: P.DeletePublisher(c, self._publisher_id),
-                             "delete publisher", timeout=timeout)
-            except StreamError:
-                pass
-        conn.remove_publisher(self._publisher_id)
-        self.client.pool.release(conn)
+        """Delete the publisher (``delete``), free its id and give the
+        connection back. Each step is done once however often this is
+        called: one an interrupt stopped (``close`` in the application's
+        thread) is finished by the next call."""
+        conn = self._connection
+        if conn is not None:
+            pid = self._publisher_id
+            if delete and conn.is_open and conn.has_publisher(pid, self):
+                try:
+                    conn.request(lambda c: P.DeletePublisher(c, pid),
+                                 "delete publisher", timeout=timeout)
+                except StreamError:
+                    pass
+            conn.remove_publisher(pid, self)
+        self._connection = None
+        self.client.pool.release_all(self)
 
     def _fail(self, error: BaseException) -> None:
         with self._lock:

@@ -134,9 +134,12 @@ class FrameRoutes:
             self._publishers[free] = sink
         return free
 
-    def remove_publisher(self, publisher_id: int) -> None:
+    def remove_publisher(self, publisher_id: int, sink: PublisherSink) -> None:
+        """Free ``publisher_id`` if ``sink`` still has it (a removal
+        repeated after an interrupt must not free it for another)."""
         with self._lock:
-            self._publishers.pop(publisher_id, None)
+            if self._publishers.get(publisher_id) is sink:
+                del self._publishers[publisher_id]
 
     def subscription(self, subscription_id: int) -> SubscriptionSink | None:
         return self._sinks.get(subscription_id)

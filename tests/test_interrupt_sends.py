@@ -231,3 +231,32 @@ def test_an_interrupt_in_flush_s_wait_for_callbacks_leaves_them_running() -> Non
             break
         at += 1
     assert landed >= 3
+
+
+def test_an_interrupt_at_any_point_of_close_then_close_again_frees_everything(
+        client: pystream.Client, stream: str) -> None:  # noqa: F811
+    """``close`` flushes, fails what it could not send, deletes the
+    publisher and gives its connection back. An interrupt anywhere in it
+    (a ``with`` block's exit), then ``close`` again, must leave nothing
+    behind: every future resolved, no connection kept for the producer,
+    each batch stored once."""
+    interrupter = Interrupter()
+    landed, at, i = 0, 1, 0
+    with pystream.connect(MODERN_URI) as own:
+        while True:
+            producer = own.producer(stream, name=stream)
+            future = producer.send_batch(bodies(i * PER_BATCH, PER_BATCH),
+                                         publishing_id=i * PER_BATCH + 1)
+            i += 1
+            try:
+                interrupter.call(at, producer.close)
+            except KeyboardInterrupt:
+                landed += 1
+            producer.close()
+            assert future.done(), f"close interrupted at its point {at} left a future"
+            assert not own.pool.holders(), f"close interrupted at its point {at} kept a connection"
+            if interrupter.points < at:
+                break
+            at += 1
+    assert landed >= 50
+    assert stored(client, stream, most=i * PER_BATCH * 2) == bodies(0, i * PER_BATCH)

@@ -180,7 +180,7 @@ def test_close_closes_every_partition_when_one_fails(modern, super_stream):
     assert isinstance(e.value.failed[partitions[1]], ConfirmTimeout)
     assert set(e.value.succeeded) == {partitions[0], partitions[2]}
     assert all(producer._closed for producer in p._producers)
-    assert not any(modern.pool._users.values())  # every publisher let go
+    assert not any(modern.pool.holders().values())  # every publisher let go
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def test_a_failed_open_closes_every_partition(writer, super_stream):
             client.producer(super_stream=super_stream, routing_key="key")
         assert list(e.value.failed) == [f"{super_stream}-1"]
         assert isinstance(e.value.failed[f"{super_stream}-1"], pystream.AccessRefused)
-        assert not any(client.pool._users.values())  # partitions 0 and 2 closed
+        assert not any(client.pool.holders().values())  # partitions 0 and 2 closed
 
 
 @pytest.mark.broker
