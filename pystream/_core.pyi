@@ -52,6 +52,8 @@ def decode(buffer: Buffer, *, crc: bool = True, amqp: bool = True,
     (``DecompressionLimit``). Corrupt input raises ``CorruptChunk`` or
     ``TruncatedFrame`` with the byte ``position``."""
 
+def send_all(fd: int, data: Any, progress: list[int]) -> None: ...
+
 class FrameReader:
     """Splits the bytes of a stream connection into frames:
     ``sock.recv_into(reader.writable())``, ``reader.commit(n)``, then

@@ -216,10 +216,13 @@ cdef extern from "encode.h":
                        uint32_t *out) nogil
 
 
-# A socket read of the rest of a frame (FrameReader.recv_rest).
+# A socket read of the rest of a frame (FrameReader.recv_rest), and the
+# sends of send_all.
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t recv(int fd, void *buf, size_t n, int flags)
+    ssize_t send(int fd, const void *buf, size_t n, int flags)
     enum: MSG_WAITALL
+    enum: MSG_NOSIGNAL
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() except -1

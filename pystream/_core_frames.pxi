@@ -292,3 +292,34 @@ cdef class FrameReader:
     def buffered(self):
         """Bytes received but not yet returned as frames."""
         return self.r.wpos - self.r.rpos
+
+
+# --- sending ------------------------------------------------------------------
+
+def send_all(int fd, data, list progress):
+    """Send all of ``data`` (any bytes-like) on the blocking socket ``fd``,
+    the GIL released in each ``send``. ``progress[0]``, where the send
+    starts, counts the bytes sent: it is updated after each ``send`` and
+    before signal handlers run, so an interrupt (a handler's exception)
+    leaves it exact, and whoever sends knows whether a frame was cut.
+    An error of the socket raises ``OSError``."""
+    cdef Py_buffer view
+    cdef ssize_t n
+    cdef int err = 0
+    cdef size_t done = progress[0]
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        while done < <size_t>view.len:
+            with nogil:
+                n = send(fd, <const char *>view.buf + done, <size_t>view.len - done,
+                         MSG_NOSIGNAL)
+                if n < 0:
+                    err = errno
+            if n > 0:
+                done += <size_t>n
+                progress[0] = done
+            elif n < 0 and err != EINTR:
+                raise OSError(err, os.strerror(err))
+            PyErr_CheckSignals()
+    finally:
+        PyBuffer_Release(&view)

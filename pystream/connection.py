@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import locks, metrics
 from . import protocol as P
-from ._core import StreamDecoder
+from ._core import StreamDecoder, send_all
 from .errors import (
     ConnectionClosed,
     ConnectionLost,
@@ -216,19 +216,31 @@ class Connection:
         self.send_bytes(P.encode(cmd))
 
     def send_bytes(self, data: bytes | bytearray | pa.Buffer) -> None:
+        """Send frames whole. An interrupt (not an ``Exception``) that
+        stopped the send after part of them went ends the connection
+        (``end_interrupted_send``): one before the first byte or after the
+        last leaves it open, its frames not sent or sent whole."""
         self._check_open()
+        progress = [0]  # bytes sent; unknown (-1) through the TLS layer
         try:
             with self._write_lock:  # the reader closes the socket under it
-                if self._sock is None:
+                sock = self._sock
+                if sock is None:
                     raise OSError("socket is closed")
-                self._sock.sendall(data)
+                if self.ssl_context is None:
+                    send_all(sock.fileno(), data, progress)
+                else:
+                    progress[0] = -1
+                    sock.sendall(data)
+                    progress[0] = len(memoryview(data))
                 self._last_write = time.monotonic()
         except OSError as exc:
             err = ConnectionLost(f"send to {self.address.uri()} failed: {exc}")
             self._fail(err)
             raise err from exc
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, Exception) and progress[0] != 0 \
+                    and progress[0] != len(memoryview(data)):
                 self.end_interrupted_send()
             raise
 
@@ -459,8 +471,12 @@ class Connection:
         ``start_offset`` after a single-active-consumer switch)."""
         self._routes.update_subscription(subscription_id, **decode_options)
 
-    def remove_subscription(self, subscription_id: int) -> None:
-        self._routes.remove_subscription(subscription_id)
+    def remove_subscription(self, subscription_id: int, sink: SubscriptionSink) -> None:
+        self._routes.remove_subscription(subscription_id, sink)
+
+    def has_subscription(self, subscription_id: int, sink: SubscriptionSink) -> bool:
+        """Whether ``sink`` holds ``subscription_id`` on this connection."""
+        return self._routes.subscription(subscription_id) is sink
 
     @property
     def subscription_count(self) -> int:

@@ -147,3 +147,31 @@ class Future(concurrent.futures.Future[T]):
     def _let_go(self, exc: BaseException) -> None:
         if not isinstance(exc, Exception):
             let_go(self._condition.lock)
+
+
+class Event:
+    """A ``threading.Event`` that an interrupt in ``set`` or ``wait`` (in
+    the application's thread) leaves working: its lock is taken by the
+    lock's own ``with`` (no gap) and waited on through ``wait`` above."""
+
+    def __init__(self) -> None:
+        self._cond = Condition()
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        with self._cond.lock:
+            self._flag = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        with self._cond.lock:
+            self._flag = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond.lock:
+            if not self._flag:
+                wait(self._cond, timeout)
+            return self._flag

@@ -115,10 +115,13 @@ class FrameRoutes:
         ``start_offset`` after a single-active-consumer switch)."""
         self._reader.subscribe(subscription_id, **decode_options)
 
-    def remove_subscription(self, subscription_id: int) -> None:
+    def remove_subscription(self, subscription_id: int, sink: SubscriptionSink) -> None:
+        """Free ``subscription_id`` if ``sink`` still has it (a removal
+        repeated after an interrupt must not free it for another)."""
         with self._lock:
-            self._sinks.pop(subscription_id, None)
-            self._reader.unsubscribe(subscription_id)
+            if self._sinks.get(subscription_id) is sink:
+                del self._sinks[subscription_id]
+                self._reader.unsubscribe(subscription_id)
 
     @property
     def subscription_count(self) -> int:

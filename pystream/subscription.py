@@ -32,6 +32,7 @@ from .stream_subscription import End, Queued, Subscription, cost
 
 if TYPE_CHECKING:
     from .admin import Admin
+    from .offsets import OffsetTracker
 
 log = logging.getLogger("pystream.consumer")
 
@@ -76,9 +77,12 @@ class Subscriptions:
         # The outage of the broken subscriptions: since when, the next wait.
         self._backoff = Backoff(recovery_timeout)
         self._closed = False
+        self._closed_whole = False  # close() ran to its end
+        # The offsets close() stores, each dropped once stored.
+        self._stores_at_close: list[tuple[OffsetTracker, int | None]] = []
         self._ended = False     # no more chunks will come (see _end)
         self._wakers: list[Callable[[], None]] = []
-        self._maintenance = threading.Event()
+        self._maintenance = locks.Event()
         # Credits to send from a thread of their own (the asyncio face)
         self._credit_writes: queue.SimpleQueue[tuple[Subscription, int] | None] | None = None
         # The connection each application thread last read itself.
@@ -397,32 +401,38 @@ class Subscriptions:
     def close(self, *, handed: bool) -> None:
         """Store (named consumers) the offset of the last record handed, or
         with ``handed`` False only what was processed
-        (``Subscription.completed``); unsubscribe, free the connections."""
+        (``Subscription.completed``); unsubscribe, free the connections.
+        A close an interrupt stopped finishes on the next call."""
         with self._lock:
-            if self._closed:
+            if self._closed_whole:
                 return
-            self._closed = True
-            for sub, position in self._unreturned.items():  # for the store
-                sub.rewound(position)
             subs = list(self._subs.values())
-            # A subscription single active elsewhere stores nothing: the
-            # active consumer's progress is not this one's to overwrite.
-            stores = [(sub.tracker, sub.position if handed else sub.completed)
-                      for sub in subs if sub.tracker is not None and sub.active]
-            for sub in subs:
-                sub.live = False
-            self._queue.clear()
+            if not self._closed:
+                for sub, position in self._unreturned.items():  # for the store
+                    sub.rewound(position)
+                # A subscription single active elsewhere stores nothing: the
+                # active consumer's progress is not this one's to overwrite.
+                stores = [(sub.tracker, sub.position if handed else sub.completed)
+                          for sub in subs if sub.tracker is not None and sub.active]
+                for sub in subs:
+                    sub.live = False
+                self._queue.clear()
+                # One statement: closed with its stores, or not at all.
+                self._stores_at_close, self._closed = stores, True
             self._notify()
             self._interrupt_reads()
         self._maintenance.set()
-        for tracker, position in stores:
+        while self._stores_at_close:
+            tracker, position = self._stores_at_close[-1]
             try:
                 tracker.flush(position)
             except StreamError as exc:
                 log.warning("could not store the offset of %r: %s",
                             self.name, exc)
+            self._stores_at_close.pop()
         for sub in subs:
             self._unsubscribe(sub)
+        self._closed_whole = True
 
     # --- subscribing ------------------------------------------------------------
 
@@ -464,13 +474,13 @@ class Subscriptions:
         with self._lock:
             spec, rewinds = sub.resume_spec(), sub.rewinds
         endpoint = self.client.locate(sub.stream)
-        conn = self.client.pool.acquire(endpoint)
+        conn = self.client.pool.acquire(endpoint, sub)
         try:
             start_offset = spec.value if spec.type == P.OFFSET_OFFSET else 0
             sub_id = conn.add_subscription(sub, start_offset=start_offset,
                                            **self._decode_options)
         except BaseException:
-            self.client.pool.release(conn)
+            self.client.pool.release(conn, sub)
             raise
         with self._lock:
             stale = sub.rewinds != rewinds
@@ -479,8 +489,8 @@ class Subscriptions:
                 sub.live = True
                 now, after = subscribe_credit(sub.credit.start())
         if stale:  # rewound meanwhile (_rewind): the next attempt starts there
-            conn.remove_subscription(sub_id)
-            self.client.pool.release(conn)
+            conn.remove_subscription(sub_id, sub)
+            self.client.pool.release(conn, sub)
             raise ConnectionLost(f"{sub.stream!r} was rewound while resubscribing")
         try:
             conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
@@ -489,8 +499,8 @@ class Subscriptions:
         except BaseException:
             with self._lock:
                 sub.live = False
-            conn.remove_subscription(sub_id)
-            self.client.pool.release(conn)
+            conn.remove_subscription(sub_id, sub)
+            self.client.pool.release(conn, sub)
             sub.connection = None
             raise
         sub.stats.credit_granted += now
@@ -518,18 +528,23 @@ class Subscriptions:
         return props
 
     def _unsubscribe(self, sub: Subscription) -> None:
-        with self._lock:
-            conn, sub.connection = sub.connection, None
-        if conn is None:
-            return
-        if conn.is_open:
-            try:
-                conn.request(lambda c: P.Unsubscribe(c, sub.subscription_id),
-                             f"unsubscribe from {sub.stream!r}", timeout=5.0)
-            except StreamError:
-                pass  # going anyway
-        conn.remove_subscription(sub.subscription_id)
-        self.client.pool.release(conn)
+        """Unsubscribe ``sub``, free its id and give its connection back.
+        Each step is done once however often this is called: one an
+        interrupt stopped (``close`` in the application's thread) is
+        finished by the next call."""
+        conn, sid = sub.connection, sub.subscription_id
+        if conn is not None:
+            if conn.is_open and conn.has_subscription(sid, sub):
+                try:
+                    conn.request(lambda c: P.Unsubscribe(c, sid),
+                                 f"unsubscribe from {sub.stream!r}", timeout=5.0)
+                except StreamError:
+                    pass  # going anyway
+            conn.remove_subscription(sid, sub)
+            with self._lock:
+                if sub.connection is conn:
+                    sub.connection = None
+        self.client.pool.release_all(sub)
 
     # --- maintenance thread -----------------------------------------------------
 

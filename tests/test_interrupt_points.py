@@ -389,3 +389,32 @@ def test_an_interrupt_in_the_drain_of_a_chunk_left_in_the_buffer_loses_nothing(
 
     read_big(monkeypatch, big, Interrupted, arm, disarm)
     assert state["landed"] >= 3
+
+
+def test_an_interrupt_at_any_point_of_close_then_close_again_stores_and_frees(
+        client: pystream.Client, plain: str) -> None:
+    """A named consumer's ``close`` stores the offset of the last record
+    handed, unsubscribes and gives its connection back. An interrupt
+    anywhere in it (a ``with`` block's exit), then ``close`` again, must
+    leave the offset stored and nothing held."""
+    name = f"interrupted-close-{np.random.randint(1 << 30)}"
+    interrupter = Interrupter()
+    landed, at, handed = 0, 1, 0
+    with pystream.connect(MODERN_URI) as own:
+        while True:
+            consumer = own.consumer(plain, offset="first", name=name)
+            table = consumer.read(7, timeout=30)
+            assert table.column("offset")[0].as_py() == handed
+            handed += table.num_rows
+            try:
+                interrupter.call(at, consumer.close)
+            except KeyboardInterrupt:
+                landed += 1
+            consumer.close()
+            assert own.query_offset(plain, name) == handed - 1, \
+                f"close interrupted at its point {at} stored another offset"
+            assert not own.pool.holders(), f"close interrupted at its point {at} kept a connection"
+            if interrupter.points < at:
+                break
+            at += 1
+    assert landed >= 20

@@ -11,7 +11,6 @@ the connection rather than let the next frame follow the cut one.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 
 import pystream
 from pystream import locks
+from pystream._core import send_all
 from pystream.confirms import CallbackThread, ConfirmFuture
 
 from .conftest import MODERN_URI
@@ -124,35 +124,33 @@ def test_an_interrupted_send_repeats_at_most_its_own_message(
     assert deduplicated == every
 
 
-class CutSocket:
-    """A socket whose next ``sendall`` of more than ``at`` bytes sends the
+class CutSend:
+    """``send_all`` whose next send of more than ``at`` bytes sends the
     first ``at`` and raises ``KeyboardInterrupt``, as a signal handler does
     when a send blocked halfway through a frame."""
 
-    def __init__(self, sock: socket.socket, at: int) -> None:
-        self._sock, self.at, self.cut = sock, at, False
+    def __init__(self, at: int) -> None:
+        self.at, self.cut = at, False
 
-    def sendall(self, data: Any) -> None:
+    def __call__(self, fd: int, data: Any, progress: list[int]) -> None:
         if not self.cut and len(memoryview(data)) > self.at:
             self.cut = True
-            self._sock.sendall(memoryview(data)[:self.at])
+            send_all(fd, memoryview(data)[:self.at], progress)
             raise KeyboardInterrupt
-        self._sock.sendall(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
+        send_all(fd, data, progress)
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
 def test_a_send_interrupted_halfway_through_a_frame_ends_its_connection(
-        client: pystream.Client, stream: str, named: bool) -> None:  # noqa: F811
+        client: pystream.Client, stream: str, named: bool,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
     with pystream.connect(MODERN_URI) as own, \
             own.producer(stream, name=stream if named else None) as producer:
         producer.send_batch(bodies(0, PER_BATCH))
         producer.flush(30)
         conn = producer._connection
-        cut = CutSocket(conn._sock, 100)
-        conn._sock = cut
+        cut = CutSend(100)
+        monkeypatch.setattr(pystream.connection, "send_all", cut)
         with pytest.raises(KeyboardInterrupt):
             producer.send_batch(bodies(PER_BATCH, PER_BATCH))
         assert cut.cut
@@ -162,6 +160,33 @@ def test_a_send_interrupted_halfway_through_a_frame_ends_its_connection(
         producer.flush(30)
     # The cut batch went again from the new connection, whole, once.
     assert stored(client, stream) == bodies(0, 3 * PER_BATCH)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_interrupt_before_a_send_or_after_it_keeps_the_connection(
+        client: pystream.Client, stream: str, when: str,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No frame is cut when the interrupt comes before the first byte went
+    or after the last: the connection stays, and so does what was sent on
+    it before (a consumer's stored offset, credit)."""
+    with pystream.connect(MODERN_URI) as own:
+        conn = own.connection
+        state = {"armed": True}
+
+        def interrupted(fd: int, data: Any, progress: list[int]) -> None:
+            if state["armed"]:
+                state["armed"] = False
+                if when == "after":
+                    send_all(fd, data, progress)
+                raise KeyboardInterrupt
+            send_all(fd, data, progress)
+
+        monkeypatch.setattr(pystream.connection, "send_all", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            own.store_offset(stream, "kept", 0)
+        assert conn.is_open
+        own.store_offset(stream, "kept", 1)
+        assert own.query_offset(stream, "kept") == 1
 
 
 FUTURE_CALLS: dict[str, Any] = {
