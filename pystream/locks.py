@@ -13,10 +13,11 @@ lock must be an ``RLock``: it knows its owner."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -74,6 +75,25 @@ class Condition(threading.Condition):
             raise
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _letting_go(method: _Method) -> _Method:
+    """A call of ``Future`` (each goes through ``with self._condition``):
+    after an interrupt (not an ``Exception``) that may have come after the
+    lock was taken and before the block was entered, this thread lets go
+    of it."""
+    @functools.wraps(method)
+    def call(self: Future[Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                let_go(self._condition.lock)
+            raise
+    return cast(_Method, call)
+
+
 class Future(concurrent.futures.Future[T]):
     """A ``concurrent.futures.Future`` that an interrupt in a thread
     waiting on it or adding a callback to it (the application's) leaves
@@ -84,69 +104,16 @@ class Future(concurrent.futures.Future[T]):
         super().__init__()
         self._condition: Condition = Condition()
 
-    # Future's calls, each through ``with self._condition``: after an
-    # interrupt (not an ``Exception``) that may have come after the lock
-    # was taken and before the block was entered, this thread lets go of it.
-
-    def result(self, timeout: float | None = None) -> T:
-        try:
-            return super().result(timeout)
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        try:
-            return super().exception(timeout)
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def done(self) -> bool:
-        try:
-            return super().done()
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def running(self) -> bool:
-        try:
-            return super().running()
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def cancelled(self) -> bool:
-        try:
-            return super().cancelled()
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
-        try:
-            super().add_done_callback(fn)
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def set_result(self, result: T) -> None:
-        try:
-            super().set_result(result)
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        try:
-            super().set_exception(exception)
-        except BaseException as exc:
-            self._let_go(exc)
-            raise
-
-    def _let_go(self, exc: BaseException) -> None:
-        if not isinstance(exc, Exception):
-            let_go(self._condition.lock)
+    _F = concurrent.futures.Future
+    result = _letting_go(_F.result)
+    exception = _letting_go(_F.exception)
+    done = _letting_go(_F.done)
+    running = _letting_go(_F.running)
+    cancelled = _letting_go(_F.cancelled)
+    add_done_callback = _letting_go(_F.add_done_callback)
+    set_result = _letting_go(_F.set_result)
+    set_exception = _letting_go(_F.set_exception)
+    del _F
 
 
 class Event:
