@@ -61,7 +61,7 @@ def publish_bomb(client: pystream.Client, stream: str) -> tuple:
     connection.send_bytes(frames)
     assert confirms.answered.wait(30)
     connection.request(lambda c: P.DeletePublisher(c, publisher), "delete publisher")
-    connection.remove_publisher(publisher)
+    connection.remove_publisher(publisher, confirms)
     return confirms.errors
 
 
