@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import _base as futures_base
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -102,6 +103,10 @@ class CallbackThread:
             return True
 
 
+_DONE = (futures_base.CANCELLED, futures_base.CANCELLED_AND_NOTIFIED,
+         futures_base.FINISHED)
+
+
 class ConfirmFuture(locks.Future[T]):
     """A future a producer resolves when the broker confirmed (or refused)
     what it stands for. Its result is set, and ``done()`` is true, as soon
@@ -122,6 +127,15 @@ class ConfirmFuture(locks.Future[T]):
 
     def cancel(self) -> bool:
         return False
+
+    def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
+        # Done already, it runs on the callback thread too, after the
+        # callbacks handed over before it: not at once in the caller's.
+        with self._condition.lock:
+            if self._state not in _DONE:
+                self._done_callbacks.append(fn)
+                return
+        self._callback_thread.run(self, [fn])
 
     def _invoke_callbacks(self) -> None:
         # Called by set_result / set_exception once the future is finished:
