@@ -111,7 +111,14 @@ class Connection:
         self._tune: Future[P.Tune] = locks.Future()
         self._error: StreamError | None = None
         self._closing = False  # we sent Close: the broker's EOF is expected
-        self._closed = threading.Event()
+        # Closed (set once, under the state lock), then ended: everything
+        # that closing undoes is undone (``_end``). An interrupt in the
+        # application's thread may come between the two, or stop ``_end``;
+        # the next ``close`` finishes it.
+        self._closed = locks.Event()
+        self._ended = False
+        self._ending = threading.RLock()
+        self._listeners_told = 0
         self._counted = False  # in the open connections metric
         self._last_write = time.monotonic()
 
@@ -189,15 +196,17 @@ class Connection:
         self._reader.max_frame_size = self._frame_limit(frame_max)
 
     def close(self, code: int = P.RESPONSE_OK, reason: str = "") -> None:
-        """Close politely (Close, wait for its answer) then drop the socket."""
-        if self._closed.is_set():
+        """Close politely (Close, wait for its answer) then drop the socket.
+        A close an interrupt stopped is finished by the next call."""
+        if self._ended:
             return
-        self._closing = True
-        try:
-            self.request(lambda c: P.Close(c, code, reason), "close",
-                         timeout=min(self.request_timeout, 5.0))
-        except StreamError:
-            pass  # the socket goes anyway
+        if not self._closed.is_set():
+            self._closing = True
+            try:
+                self.request(lambda c: P.Close(c, code, reason), "close",
+                             timeout=min(self.request_timeout, 5.0))
+            except StreamError:
+                pass  # the socket goes anyway
         self._fail(None)
 
     @property
@@ -553,26 +562,41 @@ class Connection:
                     return
 
     def _fail(self, error: StreamError | None) -> None:
-        """End the connection once: record why, drop the socket, wake every
-        waiter, tell the listeners."""
+        """End the connection: record why (the first call), then ``_end``."""
         with self._state_lock:
-            if self._closed.is_set():
+            if not self._closed.is_set():
+                self._error = error
+                self._closed.set()
+                if self._counted:
+                    metrics.connection_closed(self.address)
+        self._end()
+
+    def _end(self) -> None:
+        """Drop the socket, fail every request waiting, tell the listeners
+        and the routes; each step once, however often this is called, so
+        that a call an interrupt stopped is finished by the next."""
+        with self._ending:
+            if self._ended:
                 return
-            self._error = error
-            self._closed.set()
-            pending, self._pending = self._pending, {}
-            if self._counted:
-                metrics.connection_closed(self.address)
-        self._shutdown_socket()
-        failure = error or ConnectionClosed("the connection is closed")
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(failure)
-        if not self._tune.done():
-            self._tune.set_exception(failure)
-        for listener in self._close_listeners:
-            listener(error)
-        self._routes.end(error)
+            self._shutdown_socket()
+            failure = self._error or ConnectionClosed("the connection is closed")
+            while True:
+                with self._state_lock:
+                    if not self._pending:
+                        break
+                    corr, future = next(iter(self._pending.items()))
+                if not future.done():
+                    future.set_exception(failure)
+                with self._state_lock:
+                    self._pending.pop(corr, None)
+            if not self._tune.done():
+                self._tune.set_exception(failure)
+            while self._listeners_told < len(self._close_listeners):
+                listener = self._close_listeners[self._listeners_told]
+                self._listeners_told += 1  # told once, even if it raises
+                listener(self._error)
+            self._routes.end(self._error)
+            self._ended = True
 
     def _shutdown_socket(self) -> None:
         """End both directions, which wakes the reader and any blocked

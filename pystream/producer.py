@@ -379,12 +379,14 @@ class Producer:
         if self._linger_wanted and not flush:
             return  # asked already (send's path, a message at a time)
         with self._lock:
+            # Each flag set after its notify: one an interrupt stopped
+            # (Condition.notify is Python code) is notified again next time.
             if flush and not self._flush_wanted:
+                self._wake.notify()
                 self._flush_wanted = True
-                self._wake.notify()
             if not self._linger_wanted:
-                self._linger_wanted = True
                 self._wake.notify()
+                self._linger_wanted = True
 
     def _send_buffer(self, *, wait: bool) -> None:
         """Send what ``send`` gathered: from the producer's thread

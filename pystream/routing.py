@@ -66,6 +66,7 @@ class FrameRoutes:
         self._lock = threading.Lock()
         # Why the connection ended (raised to a newcomer), once it did.
         self._ended: StreamError | None = None
+        self._untold: list[SubscriptionSink | PublisherSink] = []  # of the end
         self._sinks: dict[int, SubscriptionSink] = {}
         self._publishers: dict[int, PublisherSink] = {}
         self._handlers: dict[int, FrameHandler] = {}
@@ -177,15 +178,17 @@ class FrameRoutes:
         """The connection ended (``error`` None: closed on purpose): refuse
         newcomers from now on and tell every subscription and publisher."""
         with self._lock:
-            if self._ended is not None:
-                return
-            self._ended = error or ConnectionClosed("the connection is closed")
-            sinks = list(self._sinks.values())
-            publishers = list(self._publishers.values())
-        for sink in sinks:
-            sink.on_connection_closed(error)
-        for publisher in publishers:
-            publisher.on_connection_closed(error)
+            if self._ended is None:
+                self._ended = error or ConnectionClosed("the connection is closed")
+                self._untold = [*self._sinks.values(), *self._publishers.values()]
+        # Each told once; the rest, after an interrupt in the application's
+        # thread stopped this, by the next call.
+        while True:
+            with self._lock:
+                if not self._untold:
+                    return
+                party = self._untold.pop()
+            party.on_connection_closed(error)
 
     def drain(self, reader: StreamDecoder,
               dispatch: Callable[[memoryview], None]) -> None:

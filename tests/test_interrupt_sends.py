@@ -285,3 +285,40 @@ def test_an_interrupt_at_any_point_of_close_then_close_again_frees_everything(
             at += 1
     assert landed >= 50
     assert stored(client, stream, most=i * PER_BATCH * 2) == bodies(0, i * PER_BATCH)
+
+
+@pytest.mark.parametrize("ending", ["close", "end_interrupted_send"])
+def test_an_interrupt_at_any_point_of_a_connection_s_end_then_close_ends_it(
+        ending: str) -> None:
+    """A connection ends (``close``: a client's, the pool's for one nobody
+    holds; ``end_interrupted_send``: after a cut frame) by marking itself
+    closed, then dropping its socket and failing what waits on it. An
+    interrupt anywhere in that, the event it sets included, must leave no
+    lock held that the reader thread takes as it ends (it would wait for
+    good, and the next ``close`` with it), and the next ``close`` must
+    finish the job. (After ``close``'s Close request the reader often ends
+    the connection first; ``end_interrupted_send`` ends it in the caller's
+    thread every time.)"""
+    interrupter = Interrupter()
+    landed, at = 0, 1
+    while True:
+        c = pystream.connect(MODERN_URI)
+        conn = c.connection
+        try:
+            interrupter.call(at, getattr(conn, ending))
+        except KeyboardInterrupt:
+            landed += 1
+        # In a thread of its own: a test that fails, not one that hangs.
+        closer = threading.Thread(target=c.close, daemon=True)
+        closer.start()
+        closer.join(15)
+        assert not closer.is_alive(), f"{ending} interrupted at its point {at} hung close"
+        assert not conn.is_open
+        reader = conn._reader_thread
+        assert reader is not None
+        reader.join(5)
+        assert not reader.is_alive(), f"{ending} interrupted at its point {at} kept the reader"
+        if interrupter.points < at:
+            break
+        at += 1
+    assert landed >= 10
