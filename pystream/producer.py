@@ -8,7 +8,8 @@ A batch (``send_batch``, or the messages ``send`` gathered for up to
 sends) is one ``confirms._Batch``: its frames are kept until every
 publishing id in it is confirmed (or refused), then its future is
 resolved (``confirms`` keeps that account). Publishing ids increase: one
-per message, or one per sub-batch with compression.
+per message, or one per sub-batch with compression. The publisher on the
+broker, and its recovery after a loss, is ``publisher_link``'s.
 """
 
 from __future__ import annotations
@@ -25,19 +26,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import locks, metrics
-from . import protocol as P
 from ._core import check_codec, encode_publish
 from .arrow import Batch, as_batch
 from .confirms import CallbackThread, ConfirmFuture, Confirms, _Batch
 from .errors import (
     ConfirmTimeout,
-    ConnectionClosed,
     ProducerClosed,
     SendTimeout,
     StreamError,
 )
 from .gathered import Row, check_symbols, rows_batch
-from .retry import Backoff, retryable
+from .publisher_link import PublisherLink
 
 if TYPE_CHECKING:
     from ._core import Codec
@@ -149,24 +148,20 @@ class Producer:
         self._closed_whole = False  # close() ran to its end
         self._unsent: list[Row] = []  # the buffer at close, failed one by one
         self._error: BaseException | None = None
-        self._connection: Connection | None = None
-        self._publisher_id = -1
-        self._recovering = False
-        # Why the producer was lost again while recovering (the recovery
-        # goes round once more).
-        self._lost_again: str | None = None
+        # The publisher on the broker, declared again after a loss.
+        self._link = PublisherLink(self)
         self.last_publishing_id = 0    # last id sent, or the broker had for its name
         # The producer's thread (waiting on ``_wake``) sends what send()
         # gathered once asked: after lingering, or at once (``_want``).
         self._wake = threading.Condition(self._lock)
         self._linger_wanted = False
         self._flush_wanted = False
-        self._connect()
+        self._link.connect()
         if name is not None:
             try:
                 self.last_publishing_id = client.query_publisher_sequence(stream, name)
             except BaseException:
-                self._disconnect(delete=True)
+                self._link.disconnect(delete=True)
                 raise
         threading.Thread(target=self._linger_loop, daemon=True,
                          name="pystream-producer").start()
@@ -319,8 +314,8 @@ class Producer:
                 f"not confirmed before the producer of {self.stream!r} closed"
                 + ("" if timeout is None else f" ({timeout:g} s)")
                 + ": the broker may or may not have stored it"))
-            self._disconnect(delete=True, timeout=_left(deadline, at_least=1.0,
-                                                        at_most=5.0))
+            self._link.disconnect(delete=True, timeout=_left(
+                deadline, at_least=1.0, at_most=5.0))
             if not self._callbacks.drain(deadline):
                 log.warning("producer of %r closed while done-callbacks still ran",
                             self.stream)
@@ -476,9 +471,9 @@ class Producer:
                                          f"follow {last}, the last one awaiting "
                                          "its confirm")
                     first = publishing_id
-                conn = self._connection
+                conn = self._link.connection
             frames, counts = encode_publish(
-                self._publisher_id, first, bodies,
+                self._link.publisher_id, first, bodies,
                 properties=_column(batch, "properties"),
                 application_properties=_column(batch, "application_properties"),
                 message_annotations=_column(batch, "message_annotations"),
@@ -543,140 +538,6 @@ class Producer:
             self._buffer[:0] = rows
         self._want(flush=False)
 
-
-    # --- confirms (reader thread) -------------------------------------------
-
-    def on_confirm(self, frame: memoryview) -> None:
-        """The connection's reader thread hands a PublishConfirm frame here:
-        its publishing ids settle their futures."""
-        self._confirms.confirmed(P.confirmed_ids(frame))
-
-    def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
-        """The connection's reader thread hands PublishError entries here:
-        their futures raise ``PublishError`` with the broker's code, except
-        a refusal for want of the publisher, sent again after recovery."""
-        if self._confirms.refused(errors, self.recovery_timeout):
-            self._lost("publisher_gone")
-
-    # --- connection and recovery --------------------------------------------
-
-    def on_metadata_update(self, code: int) -> None:
-        """The stream moved or went away (a MetadataUpdate with ``code``): the
-        producer reconnects to the stream's leader."""
-        log.info("stream %r moved or went away (code %#x): reconnecting the "
-                 "producer", self.stream, code)
-        self._lost("metadata_update")
-
-    def on_connection_closed(self, error: StreamError | None) -> None:
-        """The producer's connection ended: with ``error``, the producer
-        recovers (or fails with it); ``None`` means the client was closed."""
-        if error is None and not self._closed:
-            self._fail(ConnectionClosed("the client was closed"))
-        elif error is not None:
-            self._lost("connection_closed" if isinstance(error, ConnectionClosed)
-                       else "connection_lost")
-
-    def _lost(self, cause: str) -> None:
-        with self._lock:
-            if self._closed or self._error is not None:
-                return
-            if self._recovering:
-                # Lost again before the recovery ended (the leader moved
-                # once more): the publisher it declared may be gone already.
-                self._lost_again = cause
-                return
-            self._recovering = True
-            self._lost_again = None
-        threading.Thread(target=self._recover, args=(cause,), daemon=True,
-                         name="pystream-producer-recovery").start()
-
-    def _recover(self, cause: str) -> None:
-        self._disconnect(delete=False)
-        started = time.monotonic()
-        backoff = Backoff(self.recovery_timeout)
-        backoff.start()
-        while not self._closed:
-            try:
-                with self._send_lock:
-                    connection = self._connect()
-                    if self._is_closed():  # closed while it reconnected
-                        self._disconnect(delete=True)
-                        return
-                    with self._lock:
-                        frames, first = self._confirms.unsettled(
-                            self._publisher_id)
-                    # With a name the broker drops the ids it already has.
-                    for f in frames:
-                        connection.send_bytes(f)
-                        self._stats.written_bytes += len(f)
-                with self._lock:
-                    again, self._lost_again = self._lost_again, None
-                    if again is None:
-                        self._recovering = False
-                if again is None:
-                    self._recovered(cause, first, len(frames),
-                                    time.monotonic() - started)
-                    return
-                log.info("producer of stream %r lost again while recovering "
-                         "(%s): reconnecting once more", self.stream,
-                         again.replace("_", " "))
-                self._disconnect(delete=False)
-                time.sleep(backoff.failed())
-            except Exception as exc:
-                if not retryable(exc):  # e.g. the stream deleted, a password changed
-                    self._fail(exc)
-                    return
-                if backoff.expired():
-                    self._fail(backoff.final(self.stream, exc))
-                    return
-                self._disconnect(delete=False)
-                time.sleep(backoff.failed())
-
-    def _recovered(self, cause: str, first: int | None, batches: int,
-                   seconds: float) -> None:
-        who = f"producer {self.name!r}" if self.name is not None else "producer"
-        resent = (f"sent {batches} unconfirmed batches again from publishing "
-                  f"id {first}" if first is not None else "nothing to send again")
-        log.warning("%s of stream %r recovered from %s: %s after %.2f s", who,
-                    self.stream, cause.replace("_", " "), resent, seconds)
-        metrics.recovered("producer", cause, self.stream, seconds,
-                          self.client.address)
-
-    def _connect(self) -> Connection:
-        endpoint = self.client.locate(self.stream, replica=False)
-        conn = self.client.pool.acquire(endpoint, self)
-        try:
-            pid = conn.add_publisher(self)
-            try:
-                conn.request(lambda c: P.DeclarePublisher(
-                    c, pid, self.name or "", self.stream),
-                    f"declare a publisher on {self.stream!r}")
-            except BaseException:
-                conn.remove_publisher(pid, self)
-                raise
-        except BaseException:
-            self.client.pool.release(conn, self)
-            raise
-        self._connection, self._publisher_id = conn, pid
-        return conn
-
-    def _disconnect(self, *, delete: bool, timeout: float = 5.0) -> None:
-        """Delete the publisher (``delete``), free its id and give the
-        connection back. Each step is done once however often this is
-        called: one an interrupt stopped (``close`` in the application's
-        thread) is finished by the next call."""
-        conn = self._connection
-        if conn is not None:
-            pid = self._publisher_id
-            if delete and conn.is_open and conn.has_publisher(pid, self):
-                try:
-                    conn.request(lambda c: P.DeletePublisher(c, pid),
-                                 "delete publisher", timeout=timeout)
-                except StreamError:
-                    pass
-            conn.remove_publisher(pid, self)
-        self._connection = None
-        self.client.pool.release_all(self)
 
     def _fail(self, error: BaseException) -> None:
         with self._lock:

@@ -148,7 +148,7 @@ def test_a_send_interrupted_halfway_through_a_frame_ends_its_connection(
             own.producer(stream, name=stream if named else None) as producer:
         producer.send_batch(bodies(0, PER_BATCH))
         producer.flush(30)
-        conn = producer._connection
+        conn = producer._link.connection
         cut = CutSend(100)
         monkeypatch.setattr(pystream.connection, "send_all", cut)
         with pytest.raises(KeyboardInterrupt):

@@ -563,7 +563,7 @@ def test_refused_messages_are_counted_as_errored(reader, modern, modern_stream):
     producer = modern.producer(s, recovery_timeout=0)
     try:
         producer.send_batch([b"kept"] * 5).result(30)
-        conn, pid = producer._connection, producer._publisher_id
+        conn, pid = producer._link.connection, producer._link.publisher_id
         conn.request(lambda c: P.DeletePublisher(c, pid), "delete the publisher")
         with pytest.raises(pystream.PublishError) as refused:
             producer.send_batch([b"refused"] * 7).result(30)

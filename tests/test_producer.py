@@ -295,7 +295,7 @@ def test_recovery_sends_again_only_frames_not_confirmed(modern, stream_name, mon
     bodies = [b"%06d" % i + b"x" * 1000 for i in range(3000)]  # 3 frames of 1 MiB
     try:
         with modern.producer(stream_name) as p:
-            conn = p._connection
+            conn = p._link.connection
             real = conn.send_bytes
 
             def first_frame_only(data) -> None:
@@ -311,7 +311,7 @@ def test_recovery_sends_again_only_frames_not_confirmed(modern, stream_name, mon
             wait_until(lambda: batch.settled.sum() >= first, 30, 0.01)
             assert batch.settled[:first].all() and not batch.settled[first:].any()
             monkeypatch.undo()
-            p.on_metadata_update(0x06)  # recovers as after a lost connection
+            p._link.on_metadata_update(0x06)  # recovers as after a lost connection
             assert future.result(30) == len(bodies)
         table = read_all(modern, stream_name, len(bodies))
         assert table.column("body").to_pylist() == bodies
@@ -323,8 +323,8 @@ def _drop_publisher(producer) -> None:
     """Delete the producer's publisher on the broker behind its back, as
     the broker does when the stream's leader moves."""
     from pystream import protocol as P
-    pid = producer._publisher_id
-    producer._connection.request(lambda c: P.DeletePublisher(c, pid),
+    pid = producer._link.publisher_id
+    producer._link.connection.request(lambda c: P.DeletePublisher(c, pid),
                                  "delete publisher")
 
 
@@ -360,19 +360,19 @@ def test_a_loss_while_recovering_makes_the_recovery_go_round_again(
         with modern.producer(stream_name, name="twice") as p:
             assert p.send_batch([b"a"]).result(10) == 1
             declared = []
-            connect = p._connect
+            connect = p._link.connect
 
             def connect_then_lose_it() -> None:
                 connect()
-                declared.append(p._publisher_id)
+                declared.append(p._link.publisher_id)
                 if len(declared) == 1:
                     _drop_publisher(p)
-                    p.on_metadata_update(0x06)
+                    p._link.on_metadata_update(0x06)
 
-            monkeypatch.setattr(p, "_connect", connect_then_lose_it)
-            p.on_metadata_update(0x06)  # as the broker's MetadataUpdate does
-            wait_until(lambda: not p._recovering and len(declared) >= 2, 30)
-            assert len(declared) == 2 and not p._recovering
+            monkeypatch.setattr(p._link, "connect", connect_then_lose_it)
+            p._link.on_metadata_update(0x06)  # as the broker's MetadataUpdate does
+            wait_until(lambda: not p._link.recovering and len(declared) >= 2, 30)
+            assert len(declared) == 2 and not p._link.recovering
             assert p.send_batch([b"b"]).result(10) == 2
         table = read_all(modern, stream_name, 2)
         assert table.column("body").to_pylist() == [b"a", b"b"]

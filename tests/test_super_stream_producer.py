@@ -170,10 +170,10 @@ def test_close_closes_every_partition_when_one_fails(modern, super_stream):
     partitions = modern.partitions(super_stream)
     p = modern.producer(super_stream=super_stream, routing_key="key")
     lossy = p._producers[1]
-    real = lossy._connection
-    lossy._connection = DroppingConnection(real)
+    real = lossy._link.connection
+    lossy._link.connection = DroppingConnection(real)
     p.send_batch(keyed(KEYS))
-    lossy._connection = real  # its share stays unconfirmed
+    lossy._link.connection = real  # its share stays unconfirmed
     with pytest.raises(PartitionsFailed) as e:
         p.close(timeout=2)
     assert list(e.value.failed) == [partitions[1]]
