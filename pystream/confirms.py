@@ -36,53 +36,51 @@ log = logging.getLogger("pystream.producer")
 T = TypeVar("T")
 Callback = Callable[[Any], object]
 
-# A callback thread with nothing to run for this long ends (the next
-# callback starts another), so that idle producers keep no thread.
-CALLBACK_IDLE = 1.0
-
 
 class CallbackThread:
     """Runs futures' done-callbacks one after another, in the order their
-    futures resolved, off the thread that resolved them."""
+    futures resolved, off the thread that resolved them. Its thread runs
+    from its making to ``stop``: started here, not by the first callback,
+    as that may come in the application's thread, where an interrupt in
+    ``Thread.start`` could leave a thread never started and every later
+    callback unrun."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Future[Any], list[Callback]]] = \
+        self._queue: queue.SimpleQueue[tuple[Future[Any], list[Callback]] | None] = \
             queue.SimpleQueue()
         # Held as itself, waited on through ``locks.wait``: ``flush`` waits
         # here in the application's thread, which an interrupt may stop.
         self._lock = threading.RLock()
         self._ran_some = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
         self._handed = 0   # futures whose callbacks were handed over
         self._ran = 0      # of them, those whose callbacks have run
+        self._stopped = False
+        self._thread = locks.new_thread(self._loop, name)
+        self._thread.start()
 
     def run(self, future: Future[Any], callbacks: list[Callback]) -> None:
         with self._lock:
-            self._handed += 1
-            self._queue.put((future, callbacks))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name=self.name)
-                self._thread.start()
+            if not self._stopped:
+                self._handed += 1
+                self._queue.put((future, callbacks))
+                return
+        # Stopped (its producer closed, every callback before run): here.
+        _call(future, callbacks, Exception)
+
+    def stop(self) -> None:
+        """End the thread once what was handed over has run; callbacks
+        handed over later run in the thread that hands them over."""
+        with self._lock:
+            if not self._stopped:
+                self._queue.put(None)  # twice, after an interrupt: harmless
+                self._stopped = True
 
     def _loop(self) -> None:
-        while True:
-            try:
-                future, callbacks = self._queue.get(timeout=CALLBACK_IDLE)
-            except queue.Empty:
-                with self._lock:
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            for callback in callbacks:
-                try:
-                    callback(future)
-                except BaseException:
-                    # Even SystemExit: ending this thread would leave every
-                    # later callback unrun, and flush() waiting for them.
-                    log.exception("exception calling callback for %r", future)
+        while (item := self._queue.get()) is not None:
+            # Even SystemExit: ending this thread would leave every later
+            # callback unrun, and flush() waiting for them.
+            _call(*item, BaseException)
             with self._lock:
                 self._ran += 1
                 self._ran_some.notify_all()
@@ -101,6 +99,16 @@ class CallbackThread:
                     return False
                 locks.wait(self._ran_some, left)
             return True
+
+
+def _call(future: Future[Any], callbacks: list[Callback],
+          logged: type[BaseException]) -> None:
+    """Run ``callbacks``; what one raises (of class ``logged``) is logged."""
+    for callback in callbacks:
+        try:
+            callback(future)
+        except logged:
+            log.exception("exception calling callback for %r", future)
 
 
 _DONE = (futures_base.CANCELLED, futures_base.CANCELLED_AND_NOTIFIED,

@@ -131,9 +131,8 @@ class Connection:
     def open(self) -> None:
         try:
             self._connect_socket()
-            self._reader_thread = threading.Thread(
-                target=self._read_loop, daemon=True,
-                name=f"pystream-reader-{self.address.port}")
+            self._reader_thread = locks.new_thread(
+                self._read_loop, f"pystream-reader-{self.address.port}")
             self._reader_thread.start()
             self._handshake()
         except BaseException:
@@ -144,8 +143,7 @@ class Connection:
                 self._counted = True
                 metrics.connection_opened(self.address)
         if self.heartbeat:
-            threading.Thread(target=self._heartbeat_loop, daemon=True,
-                             name="pystream-heartbeat").start()
+            locks.new_thread(self._heartbeat_loop, "pystream-heartbeat").start()
 
     def _connect_socket(self) -> None:
         try:

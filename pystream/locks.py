@@ -125,6 +125,10 @@ class Event:
         self._cond = Condition()
         self._flag = False
 
+    def _at_fork_reinit(self) -> None:
+        # threading calls it on a thread's start event in a forked child.
+        self._cond._at_fork_reinit()  # type: ignore[attr-defined]
+
     def is_set(self) -> bool:
         return self._flag
 
@@ -142,3 +146,16 @@ class Event:
             if not self._flag:
                 wait(self._cond, timeout)
             return self._flag
+
+
+def new_thread(target: Callable[..., object], name: str,
+               args: tuple[Any, ...] = ()) -> threading.Thread:
+    """A daemon thread (not started) whose ``start`` an interrupt in the
+    starting thread cannot break. ``Thread.start`` waits on an event of the
+    thread's own, through ``Condition.__enter__``: an interrupt there would
+    keep that event's lock, and the new thread, which sets the event before
+    it runs anything, would wait for it for good. Here that event is an
+    ``Event`` above."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread._started = Event()  # type: ignore[attr-defined]
+    return thread

@@ -136,7 +136,6 @@ class Producer:
         self._send_lock = threading.RLock()  # frames go out in id order
         self._stats = metrics.publisher_stats(client.address, stream)
         self._confirms = Confirms(self._cond, self._stats)
-        self._callbacks = CallbackThread("pystream-producer-callbacks")
         self._buffer: list[Row] = []
         # ``send``'s batches leave in the order their messages came (the
         # producer's thread and ``send`` itself may both send the buffer).
@@ -163,8 +162,8 @@ class Producer:
             except BaseException:
                 self._link.disconnect(delete=True)
                 raise
-        threading.Thread(target=self._linger_loop, daemon=True,
-                         name="pystream-producer").start()
+        self._callbacks = CallbackThread("pystream-producer-callbacks")
+        locks.new_thread(self._linger_loop, "pystream-producer").start()
 
     def __repr__(self) -> str:
         return (f"<pystream.Producer {self.stream!r} "
@@ -319,6 +318,7 @@ class Producer:
             if not self._callbacks.drain(deadline):
                 log.warning("producer of %r closed while done-callbacks still ran",
                             self.stream)
+            self._callbacks.stop()
             self._closed_whole = True
 
     # --- batches ------------------------------------------------------------

@@ -9,11 +9,10 @@ when it cannot recover."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import metrics
+from . import locks, metrics
 from . import protocol as P
 from .errors import ConnectionClosed, StreamError
 from .retry import Backoff, retryable
@@ -127,8 +126,8 @@ class PublisherLink:
                 return
             self.recovering = True
             self._lost_again = None
-        threading.Thread(target=self._recover, args=(cause,), daemon=True,
-                         name="pystream-producer-recovery").start()
+        locks.new_thread(self._recover, "pystream-producer-recovery",
+                         (cause,)).start()
 
     def _recover(self, cause: str) -> None:
         p = self._producer

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from . import metrics
+from . import locks, metrics
 from . import protocol as P
 from ._core import Chunk
 from .credit import Credit, CreditController
@@ -244,9 +244,8 @@ class Subscription:
         self.consumer._end(error, after_queue=True)
 
     def on_consumer_update(self, correlation_id: int, active: bool) -> None:
-        threading.Thread(target=self._consumer_update,
-                         args=(correlation_id, active),
-                         name="pystream-consumer-update", daemon=True).start()
+        locks.new_thread(self._consumer_update, "pystream-consumer-update",
+                         (correlation_id, active)).start()
 
     def _consumer_update(self, corr: int, active: bool) -> None:
         """Single active consumer: the broker made this subscription active

@@ -92,8 +92,7 @@ class Subscriptions:
         """Subscribe to ``streams`` and start the maintenance thread."""
         for s in streams:
             self._subscribe(self._new_subscription(s))
-        threading.Thread(target=self._maintain, daemon=True,
-                         name="pystream-consumer").start()
+        locks.new_thread(self._maintain, "pystream-consumer").start()
 
     @property
     def closed(self) -> bool:
@@ -215,7 +214,7 @@ class Subscriptions:
                 self._write_credit(*item)
 
         self._credit_writes = writes
-        threading.Thread(target=write, daemon=True, name="pystream-credit").start()
+        locks.new_thread(write, "pystream-credit").start()
 
     def _end(self, error: BaseException | None, *, after_queue: bool) -> None:
         """End the consumer: ``error`` is raised to the application once the

@@ -227,6 +227,7 @@ def test_an_interrupt_in_a_future_s_call_leaves_it_to_be_resolved(
         if interrupter.points < at:  # ran whole: every point was tried
             break
         at += 1
+    callbacks.stop()
     assert landed >= 3
 
 
@@ -252,6 +253,36 @@ def test_an_interrupt_in_flush_s_wait_for_callbacks_leaves_them_running() -> Non
         resolver.join(5)
         assert not resolver.is_alive(), f"drain interrupted at its point {at} kept the lock"
         assert callbacks.drain(time.monotonic() + 5)
+        if interrupter.points < at:
+            break
+        at += 1
+    callbacks.stop()
+    assert landed >= 3
+
+
+def test_an_interrupt_while_a_callback_is_handed_over_runs_later_ones() -> None:
+    """A done-callback added to a resolved future (or to one ``close``
+    fails) is handed over in the application's thread. Were the callback
+    thread started there, on demand, an interrupt in ``Thread.start``
+    could leave it never started, or waiting for good on its start
+    event's lock, and every later callback unrun (``flush`` waiting for
+    them): it runs from the making of its ``CallbackThread`` instead."""
+    interrupter = Interrupter()
+    landed, at = 0, 1
+    while True:
+        callbacks = CallbackThread("test-interrupted-start")
+        resolved: ConfirmFuture[int] = ConfirmFuture(callbacks)
+        resolved.set_result(0)
+        try:
+            interrupter.call(at, lambda f=resolved: f.add_done_callback(lambda _: None))
+        except KeyboardInterrupt:
+            landed += 1
+        later: ConfirmFuture[int] = ConfirmFuture(callbacks)
+        later.add_done_callback(lambda _: None)
+        later.set_result(1)
+        assert callbacks.drain(time.monotonic() + 5), \
+            f"a callback handed over interrupted at its point {at} kept later ones"
+        callbacks.stop()
         if interrupter.points < at:
             break
         at += 1
