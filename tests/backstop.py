@@ -29,7 +29,10 @@ def _timeout(item: pytest.Item) -> float:
         value = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
         if value is not None:
             return float(value)
-    return float(item.config.getini("timeout") or 0)
+    try:
+        return float(item.config.getini("timeout") or 0)
+    except ValueError:  # no pytest-timeout (a bare venv of another Python)
+        return 0.0
 
 
 @pytest.hookimpl(hookwrapper=True)
