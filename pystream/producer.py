@@ -148,7 +148,11 @@ class Producer:
         self._unsent: list[Row] = []  # the buffer at close, failed one by one
         self._error: BaseException | None = None
         # The publisher on the broker, declared again after a loss.
-        self._link = PublisherLink(self)
+        self._link = PublisherLink(
+            client, stream, name, recovery_timeout=recovery_timeout,
+            lock=self._lock, send_lock=self._send_lock, confirms=self._confirms,
+            stats=self._stats, closed=self._is_closed, failed=self._has_failed,
+            fail=self._fail)
         self.last_publishing_id = 0    # last id sent, or the broker had for its name
         # The producer's thread (waiting on ``_wake``) sends what send()
         # gathered once asked: after lingering, or at once (``_want``).
@@ -549,6 +553,9 @@ class Producer:
 
     def _is_closed(self) -> bool:
         return self._closed
+
+    def _has_failed(self) -> bool:
+        return self._error is not None
 
     def _check(self) -> None:
         if self._error is not None:

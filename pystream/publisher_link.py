@@ -9,7 +9,9 @@ when it cannot recover."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import locks, metrics
@@ -18,20 +20,42 @@ from .errors import ConnectionClosed, StreamError
 from .retry import Backoff, retryable
 
 if TYPE_CHECKING:
+    from .admin import Admin
+    from .confirms import Confirms
     from .connection import Connection
-    from .producer import Producer
+    from .metrics import PublisherStats
 
 log = logging.getLogger("pystream.producer")
 
 
 class PublisherLink:
-    """The link of ``producer`` to its publisher. ``connection`` and
-    ``publisher_id`` are those of the publisher declared last (``None``
-    and -1 between a loss and the recovery that declares it again)."""
+    """The link of a producer to its publisher on ``stream``. ``connection``
+    and ``publisher_id`` are those of the publisher declared last (``None``
+    and -1 between a loss and the recovery that declares it again).
 
-    def __init__(self, producer: Producer) -> None:
-        self._producer = producer
-        self.stream = producer.stream
+    From its producer it takes the producer's lock (for its recovery
+    state) and send lock (frames sent again go out before new ones), the
+    confirms to settle and send again, and three calls: whether the
+    producer is closed, whether it failed, and ``fail`` for a loss it
+    cannot recover from."""
+
+    def __init__(self, client: Admin, stream: str, name: str | None, *,
+                 recovery_timeout: float, lock: threading.RLock,
+                 send_lock: threading.RLock, confirms: Confirms,
+                 stats: PublisherStats, closed: Callable[[], bool],
+                 failed: Callable[[], bool],
+                 fail: Callable[[BaseException], None]) -> None:
+        self.client = client
+        self.stream = stream
+        self.name = name
+        self.recovery_timeout = recovery_timeout
+        self._lock = lock
+        self._send_lock = send_lock
+        self._confirms = confirms
+        self._stats = stats
+        self._closed = closed
+        self._failed = failed
+        self._fail = fail
         self.connection: Connection | None = None
         self.publisher_id = -1
         self.recovering = False
@@ -43,14 +67,13 @@ class PublisherLink:
 
     def on_confirm(self, frame: memoryview) -> None:
         """A PublishConfirm frame: its publishing ids settle their futures."""
-        self._producer._confirms.confirmed(P.confirmed_ids(frame))
+        self._confirms.confirmed(P.confirmed_ids(frame))
 
     def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         """PublishError entries: their futures raise ``PublishError`` with
         the broker's code, except a refusal for want of the publisher,
         sent again after recovery."""
-        p = self._producer
-        if p._confirms.refused(errors, p.recovery_timeout):
+        if self._confirms.refused(errors, self.recovery_timeout):
             self.lost("publisher_gone")
 
     def on_metadata_update(self, code: int) -> None:
@@ -63,9 +86,8 @@ class PublisherLink:
     def on_connection_closed(self, error: StreamError | None) -> None:
         """The connection ended: with ``error``, the link recovers (or the
         producer fails with it); ``None`` means the client was closed."""
-        p = self._producer
-        if error is None and not p._closed:
-            p._fail(ConnectionClosed("the client was closed"))
+        if error is None and not self._closed():
+            self._fail(ConnectionClosed("the client was closed"))
         elif error is not None:
             self.lost("connection_closed" if isinstance(error, ConnectionClosed)
                       else "connection_lost")
@@ -74,20 +96,19 @@ class PublisherLink:
 
     def connect(self) -> Connection:
         """Declare the publisher on a connection to the stream's leader."""
-        p = self._producer
-        endpoint = p.client.locate(self.stream, replica=False)
-        conn = p.client.pool.acquire(endpoint, self)
+        endpoint = self.client.locate(self.stream, replica=False)
+        conn = self.client.pool.acquire(endpoint, self)
         try:
             pid = conn.add_publisher(self)
             try:
                 conn.request(lambda c: P.DeclarePublisher(
-                    c, pid, p.name or "", self.stream),
+                    c, pid, self.name or "", self.stream),
                     f"declare a publisher on {self.stream!r}")
             except BaseException:
                 conn.remove_publisher(pid, self)
                 raise
         except BaseException:
-            p.client.pool.release(conn, self)
+            self.client.pool.release(conn, self)
             raise
         self.connection, self.publisher_id = conn, pid
         return conn
@@ -108,16 +129,15 @@ class PublisherLink:
                     pass
             conn.remove_publisher(pid, self)
         self.connection = None
-        self._producer.client.pool.release_all(self)
+        self.client.pool.release_all(self)
 
     # --- recovery -----------------------------------------------------------
 
     def lost(self, cause: str) -> None:
         """The publisher is gone or unreachable: recover in a thread of its
         own (once; a loss during a recovery makes it go round again)."""
-        p = self._producer
-        with p._lock:
-            if p._closed or p._error is not None:
+        with self._lock:
+            if self._closed() or self._failed():
                 return
             if self.recovering:
                 # Lost again before the recovery ended (the leader moved
@@ -130,25 +150,24 @@ class PublisherLink:
                          (cause,)).start()
 
     def _recover(self, cause: str) -> None:
-        p = self._producer
         self.disconnect(delete=False)
         started = time.monotonic()
-        backoff = Backoff(p.recovery_timeout)
+        backoff = Backoff(self.recovery_timeout)
         backoff.start()
-        while not p._closed:
+        while not self._closed():
             try:
-                with p._send_lock:
+                with self._send_lock:
                     connection = self.connect()
-                    if p._is_closed():  # closed while it reconnected
+                    if self._closed():  # closed while it reconnected
                         self.disconnect(delete=True)
                         return
-                    with p._lock:
-                        frames, first = p._confirms.unsettled(self.publisher_id)
+                    with self._lock:
+                        frames, first = self._confirms.unsettled(self.publisher_id)
                     # With a name the broker drops the ids it already has.
                     for f in frames:
                         connection.send_bytes(f)
-                        p._stats.written_bytes += len(f)
-                with p._lock:
+                        self._stats.written_bytes += len(f)
+                with self._lock:
                     again, self._lost_again = self._lost_again, None
                     if again is None:
                         self.recovering = False
@@ -163,21 +182,20 @@ class PublisherLink:
                 time.sleep(backoff.failed())
             except Exception as exc:
                 if not retryable(exc):  # e.g. the stream deleted, a password changed
-                    p._fail(exc)
+                    self._fail(exc)
                     return
                 if backoff.expired():
-                    p._fail(backoff.final(self.stream, exc))
+                    self._fail(backoff.final(self.stream, exc))
                     return
                 self.disconnect(delete=False)
                 time.sleep(backoff.failed())
 
     def _recovered(self, cause: str, first: int | None, batches: int,
                    seconds: float) -> None:
-        p = self._producer
-        who = f"producer {p.name!r}" if p.name is not None else "producer"
+        who = f"producer {self.name!r}" if self.name is not None else "producer"
         resent = (f"sent {batches} unconfirmed batches again from publishing "
                   f"id {first}" if first is not None else "nothing to send again")
         log.warning("%s of stream %r recovered from %s: %s after %.2f s", who,
                     self.stream, cause.replace("_", " "), resent, seconds)
         metrics.recovered("producer", cause, self.stream, seconds,
-                          p.client.address)
+                          self.client.address)
