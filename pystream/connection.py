@@ -572,29 +572,42 @@ class Connection:
     def _end(self) -> None:
         """Drop the socket, fail every request waiting, tell the listeners
         and the routes; each step once, however often this is called, so
-        that a call an interrupt stopped is finished by the next."""
-        with self._ending:
-            if self._ended:
+        that a call an interrupt stopped is finished by the next. Not while
+        another thread does it: that one may wait for a lock this one holds
+        (a consumer's, closing)."""
+        try:
+            if not self._ending.acquire(blocking=False):
                 return
-            self._shutdown_socket()
-            failure = self._error or ConnectionClosed("the connection is closed")
-            while True:
-                with self._state_lock:
-                    if not self._pending:
-                        break
-                    corr, future = next(iter(self._pending.items()))
-                if not future.done():
-                    future.set_exception(failure)
-                with self._state_lock:
-                    self._pending.pop(corr, None)
-            if not self._tune.done():
-                self._tune.set_exception(failure)
-            while self._listeners_told < len(self._close_listeners):
-                listener = self._close_listeners[self._listeners_told]
-                self._listeners_told += 1  # told once, even if it raises
-                listener(self._error)
-            self._routes.end(self._error)
-            self._ended = True
+            try:
+                if not self._ended:
+                    self._end_steps()
+            finally:
+                self._ending.release()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # an interrupt, maybe before the try
+                locks.let_go(self._ending)
+            raise
+
+    def _end_steps(self) -> None:
+        self._shutdown_socket()
+        failure = self._error or ConnectionClosed("the connection is closed")
+        while True:
+            with self._state_lock:
+                if not self._pending:
+                    break
+                corr, future = next(iter(self._pending.items()))
+            if not future.done():
+                future.set_exception(failure)
+            with self._state_lock:
+                self._pending.pop(corr, None)
+        if not self._tune.done():
+            self._tune.set_exception(failure)
+        while self._listeners_told < len(self._close_listeners):
+            listener = self._close_listeners[self._listeners_told]
+            self._listeners_told += 1  # told once, even if it raises
+            listener(self._error)
+        self._routes.end(self._error)
+        self._ended = True
 
     def _shutdown_socket(self) -> None:
         """End both directions, which wakes the reader and any blocked
