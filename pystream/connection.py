@@ -569,24 +569,20 @@ class Connection:
                     metrics.connection_closed(self.address)
         self._end()
 
+    @locks.letting_go(lambda conn: (conn._ending,))  # interrupted before the try
     def _end(self) -> None:
         """Drop the socket, fail every request waiting, tell the listeners
         and the routes; each step once, however often this is called, so
         that a call an interrupt stopped is finished by the next. Not while
         another thread does it: that one may wait for a lock this one holds
         (a consumer's, closing)."""
+        if not self._ending.acquire(blocking=False):
+            return
         try:
-            if not self._ending.acquire(blocking=False):
-                return
-            try:
-                if not self._ended:
-                    self._end_steps()
-            finally:
-                self._ending.release()
-        except BaseException as exc:
-            if not isinstance(exc, Exception):  # an interrupt, maybe before the try
-                locks.let_go(self._ending)
-            raise
+            if not self._ended:
+                self._end_steps()
+        finally:
+            self._ending.release()
 
     def _end_steps(self) -> None:
         self._shutdown_socket()

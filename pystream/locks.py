@@ -78,20 +78,26 @@ class Condition(threading.Condition):
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _letting_go(method: _Method) -> _Method:
-    """A call of ``Future`` (each goes through ``with self._condition``):
-    after an interrupt (not an ``Exception``) that may have come after the
-    lock was taken and before the block was entered, this thread lets go
-    of it."""
-    @functools.wraps(method)
-    def call(self: Future[Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                let_go(self._condition.lock)
-            raise
-    return cast(_Method, call)
+def letting_go(held: Callable[[Any], tuple[threading.RLock, ...]]) -> Callable[[_Method], _Method]:
+    """A decorator for a method that never returns holding one of the
+    reentrant locks ``held(self)`` names: after an interrupt (not an
+    ``Exception``) that may have come between taking one and the block
+    that lets it go, this thread lets go of it (``let_go``)."""
+    def decorate(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    let_go(*held(self))
+                raise
+        return cast(_Method, call)
+    return decorate
+
+
+# Each call of ``Future`` goes through ``with self._condition``.
+_letting_go = letting_go(lambda future: (future._condition.lock,))
 
 
 class Future(concurrent.futures.Future[T]):

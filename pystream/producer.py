@@ -14,13 +14,12 @@ broker, and its recovery after a loss, is ``publisher_link``'s.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,22 +60,9 @@ def codec(name: str | None) -> Codec | None:
     raise ValueError(f"compression must be one of {CODECS[1:]}")
 
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def _lets_go_on_interrupt(method: _Method) -> _Method:
-    """A public call of the producer, which never returns holding one of
-    its locks: after an interrupt (not an ``Exception``) that came between
-    taking one and the block that lets it go, the thread lets go of it."""
-    @functools.wraps(method)
-    def call(self: Producer, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                locks.let_go(self._lock, self._send_lock, self._buffer_lock)
-            raise
-    return cast(_Method, call)
+# A public call of the producer never returns holding one of its locks.
+_lets_go_on_interrupt = locks.letting_go(
+    lambda p: (p._lock, p._send_lock, p._buffer_lock))
 
 
 class Producer:
