@@ -71,6 +71,9 @@ class FrameReader:
     @property
     def unfinished(self) -> int:
         """Bytes still to come of a frame whose first bytes are in, else 0."""
+    @property
+    def frames_ready(self) -> bool:
+        """Whether a whole frame waits in the buffer."""
     def commit(self, n: int) -> None:
         """``n`` bytes were written at the start of the last ``writable``."""
     def recv_rest(self, fd: int, slice_size: int = 1048576) -> bool:

@@ -203,13 +203,25 @@ cdef class FrameReader:
         return ps_reader_missing(&self.r)
 
     def commit(self, Py_ssize_t n):
-        """``n`` bytes were written at the start of the last :meth:`writable`."""
+        """``n`` bytes were written at the start of the last :meth:`writable`.
+        Those of a frame still unfinished are looked at now (a stream
+        decoder checks a chunk's CRC while its bytes are in the cache)."""
         self.check_idle()
         if n < 0 or <size_t>n > self.wend - self.r.wpos:
             raise ValueError("commit count exceeds the writable space")
         self.r.wpos += n
         self.wend = self.r.wpos
         clock_gettime(CLOCK_MONOTONIC, &self.arrival)
+        if self.owed():
+            # No whole frame to take: nobody drains (see ``frames_ready``),
+            # so what came of the frame begun is looked at now.
+            self.arrived()
+
+    @property
+    def frames_ready(self):
+        """Whether a whole frame waits in the buffer (or a size prefix that
+        :meth:`next_frame` refuses): the reader has something to take."""
+        return self.r.wpos != self.r.rpos and ps_reader_missing(&self.r) == 0
 
     cdef int arrived(self) except -1:
         """Bytes were committed (a stream decoder checks those of a chunk

@@ -6,10 +6,8 @@ declares the peer lost after two silent heartbeat intervals, and hands the
 frames the broker sends on its own (Deliver, PublishConfirm, MetadataUpdate,
 ...) to the handlers registered for their key.
 
-A reader thread reads the socket into the C frame reader's buffer
-(``recv_into`` releases the GIL) and never blocks on the application; an
-application thread waiting for a consumer's next batch takes its turn and
-reads meanwhile (``read_until``, see ``readturn``).
+Its ``Receiver`` reads the socket, in a reader thread of its own or in an
+application thread waiting for a consumer's next batch (``read_until``).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from .errors import (
     ConnectionClosed,
     ConnectionLost,
     ProtocolError,
-    ReadInterrupted,
     RequestTimeout,
     SendInterrupted,
     StreamError,
@@ -41,7 +38,7 @@ from .errors import (
 )
 from .features import Features
 from .handshake import handshake
-from .readturn import ReadTurn
+from .receiver import Receiver
 from .routing import FrameHandler, FrameRoutes, PublisherSink, SubscriptionSink
 from .tls import certificate_error
 from .uri import BrokerAddress
@@ -52,13 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pystream.connection")
 
 _Answer = TypeVar("_Answer", bound=P.Command)
-
-# The most one read takes: the decoder checks the CRC of what a read brought
-# of a chunk right after it (StreamDecoder.next_event), while it is still in
-# the cache, not once the whole chunk (some 8 MB of 1 KiB records) came in.
-# Reading 1 M x 1 KiB took 2.4-2.5 M msg/s in one read per chunk, 2.7-2.8
-# in reads of 64 KiB to 1 MiB.
-READ_SLICE = 1 << 20
 
 
 class Connection:
@@ -96,10 +86,8 @@ class Connection:
 
         self._sock: socket.socket | None = None
         self._reader_thread: threading.Thread | None = None
-        self._turn: ReadTurn | None = None  # who reads the socket (see readturn)
         self.max_deliver_size = max_deliver_size
         self._reader = StreamDecoder(self._frame_limit(frame_max))
-        self._committed = False  # every byte read is in the reader's buffer
         # The broker sends a chunk whole in one Deliver, past frame_max.
         self._reader.max_deliver_size = max_deliver_size
         self._routes = FrameRoutes(self._reader)
@@ -121,6 +109,9 @@ class Connection:
         self._listeners_told = 0
         self._counted = False  # in the open connections metric
         self._last_write = time.monotonic()
+        self._receiver = Receiver(
+            address.uri(), self._reader, drain=self._drain, failed=self._read_failed,
+            closed=self._closed, shutdown=self._shutdown_socket, close=self._close_socket)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed.is_set() else "open"
@@ -132,7 +123,7 @@ class Connection:
         try:
             self._connect_socket()
             self._reader_thread = locks.new_thread(
-                self._read_loop, f"pystream-reader-{self.address.port}")
+                self._receiver.run, f"pystream-reader-{self.address.port}")
             self._reader_thread.start()
             self._handshake()
         except BaseException:
@@ -167,8 +158,7 @@ class Connection:
                                      f"{self.address.uri()} failed: {exc}") from exc
         sock.settimeout(None)  # the reader thread blocks; close() unblocks it
         self._sock = sock
-        if self.ssl_context is None:
-            self._turn = ReadTurn(sock.fileno())
+        self._receiver.attach(sock, tls=self.ssl_context is not None)
 
     def _handshake(self) -> None:
         done = handshake(self, self.address, self._tune,
@@ -298,69 +288,6 @@ class Connection:
         if self._closed.is_set():
             raise self._error or ConnectionClosed("the connection is closed")
 
-    def _read_loop(self) -> None:
-        sock, reader, turn = self._sock, self._reader, self._turn
-        assert sock is not None
-        first = self.ssl_context is None
-        try:
-            while True:
-                if turn is None:  # TLS: bytes may wait in the TLS layer, unpolled
-                    self._read_once(sock, reader, first)
-                    first = False
-                    continue
-                turn.reader_take()
-                try:
-                    if turn.torn:
-                        raise ReadInterrupted(
-                            f"a read from {self.address.uri()} was interrupted "
-                            f"(KeyboardInterrupt or a signal handler's exception)")
-                    while not turn.wanted:
-                        if self._left_undrained():
-                            self._drain(reader)
-                        if turn.poll(None):
-                            self._read_once(sock, reader, first)
-                            first = False
-                finally:
-                    turn.give()
-        except BaseException as exc:
-            self._read_failed(exc)
-        finally:
-            self._shutdown_socket()  # done already, unless a BaseException
-            if turn is not None:
-                turn.end()
-            self._close_socket()
-
-    def _read_once(self, sock: socket.socket, reader: StreamDecoder,
-                   first: bool = False) -> None:
-        view = reader.writable()  # whatever is there
-        n = sock.recv_into(view, min(READ_SLICE, len(view)))
-        if n == 0:
-            raise ConnectionLost(f"{self.address.uri()} closed the socket")
-        if first:
-            self._check_not_tls(view[:n])
-        reader.commit(n)
-        self._drain(reader)
-        # The rest of a frame begun is on its way (a broker writes a
-        # chunk's header, then sendfile()s its records): wait for it in
-        # reads of READ_SLICE, not a wake-up from poll and then a read.
-        # The TLS layer reads through its own object.
-        if not reader.unfinished or self.ssl_context is not None:
-            return
-        # recv_rest commits each read before a signal handler may raise:
-        # an interrupt from here to the drain loses no byte, and the frames
-        # it leaves in the buffer are drained by the next read.
-        self._committed = True
-        if not reader.recv_rest(sock.fileno(), READ_SLICE):
-            raise ConnectionLost(f"{self.address.uri()} closed the socket")
-        self._committed = False
-        self._drain(reader)
-
-    def _left_undrained(self) -> bool:
-        """Whether whole frames wait in the buffer: an interrupt after the
-        reads of a chunk (``_committed``) left them there undrained."""
-        reader = self._reader
-        return bool(reader.buffered()) and not reader.unfinished
-
     def _read_failed(self, exc: BaseException) -> None:
         """End the connection after a read failed (in whichever thread
         read); other exceptions go on up."""
@@ -377,85 +304,18 @@ class Connection:
             raise exc
 
     def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
-        """In an application thread waiting for data: read the socket (and
-        dispatch what comes, as the reader thread would) until ``done()``,
-        ``timeout`` seconds pass or the connection ends. False if this
-        connection cannot be read here (TLS) or ended: wait as usual.
-
-        Once ``done()``, this thread lends the turn (``ReadTurn.lend``)
-        rather than give it back: the reader thread, woken then, would
-        compete with it for a core and the GIL while it hands the data
-        over. It never leaves holding the turn outright, whatever exception
-        goes through."""
-        turn, sock = self._turn, self._sock
-        if turn is None or sock is None or turn.torn:
-            return False
-        deadline = None if timeout is None else time.monotonic() + timeout
-        lend = False
-        try:
-            if not turn.app_take(timeout):
-                return not self._closed.is_set()
-            while not done() and not self._closed.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                undrained = self._left_undrained()
-                if not undrained and not turn.poll(left):
-                    continue
-                try:
-                    if undrained:
-                        self._drain(self._reader)
-                    else:
-                        self._read_once(sock, self._reader)
-                except Exception:
-                    self._committed = False
-                    raise
-                except BaseException:
-                    # An interrupt (KeyboardInterrupt, a signal handler's
-                    # exception) amid a read or a drain: bytes read, or a
-                    # frame taken off the buffer and not yet handed over,
-                    # may be lost, unless it came while every byte read
-                    # was committed and no frame taken (``_committed``).
-                    # Then the reader thread, which no signal interrupts,
-                    # ends the connection and so rewinds its consumers
-                    # (ReadInterrupted). Stores, no calls: a second
-                    # interrupt cannot come in between.
-                    if self._committed:
-                        self._committed = False
-                    else:
-                        turn.torn = True
-                    raise
-            lend = done() and not self._closed.is_set()
-        except Exception as exc:
-            self._read_failed(exc)
-        finally:
-            if lend:
-                turn.lend()
-            else:
-                turn.give()
-        return not self._closed.is_set()
+        """Read in this application thread until ``done()`` (see
+        ``Receiver.read_until``); False to wait as usual."""
+        return self._receiver.read_until(done, timeout)
 
     def end_read(self) -> None:
-        """Lend the turn again, if this thread has it, now that the data
-        ``read_until`` brought is handed over: it reads on if back soon,
-        else the reader thread takes over (``ReadTurn.lend``)."""
-        if self._turn is not None:
-            self._turn.lend()
+        """The data ``read_until`` brought was handed over (``Receiver.end_read``)."""
+        self._receiver.end_read()
 
     def interrupt_read(self) -> None:
         """Stop an application thread's ``read_until`` (its consumer ended
         or moved)."""
-        if self._turn is not None:
-            self._turn.interrupt()
-
-    def _check_not_tls(self, first: memoryview) -> None:
-        """A TLS listener answers plain bytes with a TLS record (type 0x15
-        alert or 0x16 handshake, version 3.x), which would read as a frame
-        of some 350 MB: say what it is."""
-        if len(first) >= 2 and first[0] in (0x15, 0x16) and first[1] == 0x03:
-            raise ProtocolError(
-                f"{self.address.uri()} answered with TLS: use a "
-                f"rabbitmq-stream+tls:// URI")
+        self._receiver.interrupt_read()
 
     # --- subscriptions, publishers and frame handlers (``FrameRoutes``) ---------
 
@@ -501,9 +361,9 @@ class Connection:
         """Whether ``sink`` holds ``publisher_id`` on this connection."""
         return self._routes.publisher(publisher_id) is sink
 
-    def _drain(self, reader: StreamDecoder) -> None:
-        """Hand every complete frame in ``reader``'s buffer to its owner."""
-        self._routes.drain(reader, self._dispatch)
+    def _drain(self) -> None:
+        """Hand every complete frame in the buffer to its owner."""
+        self._routes.drain(self._reader, self._dispatch)
 
     def _dispatch(self, frame: memoryview) -> None:
         if self._routes.route(P.frame_key(frame), frame):

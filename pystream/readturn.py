@@ -1,7 +1,7 @@
 """Whose turn it is to read a connection's socket.
 
 A consumer's application thread that waits for the next batch reads the
-socket itself while it waits (``Connection.read_until``): the batch is then
+socket itself while it waits (``Receiver.read_until``): the batch is then
 in its hands as the ``recv`` that brought it returns, instead of one thread
 wake-up later (the reader thread's queue and notify, and the scheduler
 putting the application back on a core: on a loaded machine, most of what

@@ -391,3 +391,32 @@ def test_admin_connection_moves_to_another_node_when_its_own_goes(
             leader.host, leader.port)
     finally:
         c.close()
+
+
+@pytest.mark.broker
+def test_a_closed_connection_goes_with_its_last_reference(uri):
+    """The connection, its read side and the decoder's receive blocks are
+    freed as the last reference goes, with the cycle collector off: a
+    process that opens connection after connection (recoveries) does not
+    hold their buffers until the next collection of cycles."""
+    import gc
+    import weakref
+
+    from pystream.connection import Connection
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        conn = Connection(parse_uri(uri))
+        conn.open()
+        reader_thread = conn._reader_thread
+        assert reader_thread is not None
+        refs = [weakref.ref(conn), weakref.ref(conn._receiver)]
+        conn.close()
+        reader_thread.join(10)
+        assert not reader_thread.is_alive()
+        del conn, reader_thread
+        # The heartbeat thread, woken by the close, lets go of it as it ends.
+        wait_until(lambda: [r() for r in refs] == [None, None], 10, 0.01)
+    finally:
+        if enabled:
+            gc.enable()

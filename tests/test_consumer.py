@@ -190,16 +190,16 @@ def test_binary_bodies_are_copied_once_after_the_join(uri, client, stream, monke
     """body="binary": chunks decode as views and the joined batch gets its
     bodies copied into plain binary once; it equals the body="view" read
     and holds none of the receive buffers (blocks) the views pointed into."""
-    from pystream.connection import Connection
+    from pystream.receiver import Receiver
     blocks: list = []
-    read_once = Connection._read_once
+    read_once = Receiver._read_once
 
-    def recording(self, sock, reader, first=False):
+    def recording(self, sock, first=False):
         # Kept alive, so no block is reused and every span stays unique.
-        blocks.append(reader.writable().obj)
-        return read_once(self, sock, reader, first)
+        blocks.append(self._decoder.writable().obj)
+        return read_once(self, sock, first)
 
-    monkeypatch.setattr(Connection, "_read_once", recording)
+    monkeypatch.setattr(Receiver, "_read_once", recording)
     for i in range(20):  # twenty chunks
         publish(client, stream, [amqp_message(b"body %d " % i * (1 + i))] * 3)
 

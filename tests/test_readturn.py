@@ -20,7 +20,7 @@ from .waiting import wait_until
 
 def reader_loop(turn: ReadTurn, stop: threading.Event, turns: list[float],
                 ids: list[int] | None = None) -> None:
-    """What ``Connection._read_loop`` does with the turn, the reads left out."""
+    """What ``Receiver.run`` does with the turn, the reads left out."""
     if ids is not None:
         ids.append(threading.get_native_id())
     while not stop.is_set():
