@@ -14,6 +14,7 @@ the result is bound before anything else runs in its frame."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ import pytest
 
 import pystream
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, broker_ctl
 from .faults import red  # the post filter of the fault matrix's filtered cells
 
 pytestmark = pytest.mark.broker
@@ -92,6 +93,38 @@ def sweep(call: Callable[[], bool], budget: int = 400) -> int:
             continue
         at = 1
     return interrupter.landed
+
+
+# One rabbitmqctl call closes every connection of the vhost CLOSES times,
+# CLOSE_MS apart, in the broker: rabbitmqctl itself takes a second to start.
+CLOSES, CLOSE_MS = 5, 200
+CLOSE_ALL = ("F = fun() -> rabbit_connection_tracking_handler:close_connections("
+             "rabbit_connection_tracking:list(<<\"/\">>), \"interrupt sweep\", 0) end, "
+             f"[begin F(), timer:sleep({CLOSE_MS}) end || _ <- lists:seq(1, {CLOSES})], ok.")
+
+
+@contextlib.contextmanager
+def faults(fault: str | None) -> Iterator[None]:
+    """With ``fault="close"``: the broker closes every connection every
+    CLOSE_MS while the sweep runs (from a thread of its own, which no
+    interrupt reaches)."""
+    if fault is None:
+        yield
+        return
+    assert fault == "close"
+    stop = threading.Event()
+
+    def strike() -> None:
+        while not stop.is_set():
+            broker_ctl("modern", "eval", CLOSE_ALL)
+
+    thread = threading.Thread(target=strike, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(180)
 
 
 @pytest.fixture(scope="module")
@@ -206,23 +239,32 @@ def reader(how: str, consumer: pystream.Consumer,
     return once
 
 
-@pytest.mark.parametrize("how", ["read", "batches", "messages"])
-def test_an_interrupt_at_any_point_of_a_read_loses_nothing(client, plain, how):
+@pytest.mark.parametrize("how,fault", [
+    ("read", None), ("batches", None), ("messages", None),
+    ("read", "close"), ("batches", "close")])
+def test_an_interrupt_at_any_point_of_a_read_loses_nothing(client, plain, how, fault):
+    """Also while the broker closes the consumer's connections again and
+    again (``fault="close"``): interrupts land in its recoveries too."""
     offsets: list[int] = []
+    connections: set[int] = set()
 
     def keep(part: Any) -> None:
         if how == "messages":
             offsets.append(part.offset)
         else:
             offsets.extend(part.column("offset").to_pylist())
+        connections.add(id(consumer._subs[plain].connection))
 
-    with client.consumer(plain, offset="first", max_batch_rows=BATCH_ROWS) as consumer:
+    with client.consumer(plain, offset="first", max_batch_rows=BATCH_ROWS) as consumer, \
+            faults(fault):
         try:
             landed = sweep(reader(how, consumer, keep, N, lambda: len(offsets)))
         except AssertionError as exc:
             raise AssertionError(f"{exc}; {gaps(offsets, N)}") from None
     in_order(offsets)
     assert landed == 400
+    if fault is not None:  # it struck mid-way: the consumer read on new connections
+        assert len(connections) >= 2, connections
 
 
 def test_an_interrupt_at_any_point_of_a_super_stream_read_loses_nothing(

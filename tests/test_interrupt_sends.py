@@ -27,7 +27,7 @@ from pystream.confirms import CallbackThread, ConfirmFuture
 from .conftest import MODERN_URI
 
 # client: the module's fixture, shared
-from .test_interrupt_points import Interrupter, bodies, client, sweep  # noqa: F401
+from .test_interrupt_points import Interrupter, bodies, client, faults, sweep  # noqa: F401
 
 pytestmark = pytest.mark.broker
 
@@ -50,12 +50,18 @@ def stored(client: pystream.Client, stream: str,  # noqa: F811
     return [bytes(b) for b in table.column("body").to_pylist()]
 
 
-@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("compression,fault", [
+    (None, None), ("zstd", None), (None, "close"), ("zstd", "close")])
 def test_an_interrupt_at_any_point_of_a_send_publishes_each_batch_once(
-        client: pystream.Client, stream: str, compression: str | None) -> None:  # noqa: F811
+        client: pystream.Client, stream: str, compression: str | None,  # noqa: F811
+        fault: str | None) -> None:
+    """Also while the broker closes the producer's connections again and
+    again (``fault="close"``): interrupts land in its recoveries too."""
     # Compressed, a batch is one sub-entry: one publishing id.
     ids = PER_BATCH if compression is None else 1
-    with client.producer(stream, name=stream, compression=compression) as producer:
+    connections: set[int] = set()
+    with client.producer(stream, name=stream, compression=compression) as producer, \
+            faults(fault):
         state = {"next": 0}
 
         def call() -> bool:
@@ -67,30 +73,37 @@ def test_an_interrupt_at_any_point_of_a_send_publishes_each_batch_once(
             if producer.last_publishing_id < first:
                 producer.send_batch(bodies(i * PER_BATCH, PER_BATCH), publishing_id=first)
             producer.flush(30)
+            connections.add(id(producer._link.connection))
             state["next"] = i + 1
             return state["next"] == BATCHES
 
         landed = sweep(call, budget=300)
     assert landed == 300
     assert stored(client, stream) == bodies(0, BATCHES * PER_BATCH)
+    if fault is not None:  # it struck mid-way: the producer sent on new connections
+        assert len(connections) >= 2, connections
 
 
-@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("compression,fault", [
+    (None, None), ("zstd", None), (None, "close")])
 def test_an_interrupt_at_any_point_of_a_super_stream_send_stores_each_message_once(
-        client: pystream.Client, compression: str | None) -> None:  # noqa: F811
+        client: pystream.Client, compression: str | None,  # noqa: F811
+        fault: str | None) -> None:
     """A super stream's ``send_batch`` hands each partition's producer its
     share in turn: an interrupt may land after some took theirs. As
     docs/producing.md says, the application flushes, then sends the batch
     again with the ids each partition would have given it before the
     call: the partitions that took their share drop it (their name), the
-    others store it. Message i of each batch goes to partition i % 3."""
+    others store it. Message i of each batch goes to partition i % 3.
+    Also while the broker closes every connection again and again."""
     super_stream = f"test-interrupt-super-{np.random.randint(1 << 30)}"
     client.create_super_stream(super_stream, partitions=3)
     try:
         with client.producer(super_stream=super_stream, name=super_stream,
                              route=lambda batch: np.arange(batch.num_rows) % 3,
-                             compression=compression) as producer:
+                             compression=compression) as producer, faults(fault):
             assert isinstance(producer, pystream.SuperStreamProducer)
+            connections: set[int] = set()
             state: dict[str, Any] = {"next": 0, "ids": None}
 
             def call() -> bool:
@@ -103,12 +116,15 @@ def test_an_interrupt_at_any_point_of_a_super_stream_send_stores_each_message_on
                 producer.send_batch(bodies(i * PER_BATCH, PER_BATCH),
                                     publishing_ids=state["ids"])
                 producer.flush(30)
+                connections.add(id(producer._producers[0]._link.connection))
                 state["next"], state["ids"] = i + 1, None
                 return state["next"] == BATCHES
 
             landed = sweep(call, budget=300)
             partitions = producer.partitions
         assert landed == 300
+        if fault is not None:  # it struck mid-way
+            assert len(connections) >= 2, connections
         every = bodies(0, BATCHES * PER_BATCH)
         for k, partition in enumerate(partitions):
             mine = [b for n, b in enumerate(every) if n % PER_BATCH % 3 == k]
