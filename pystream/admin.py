@@ -79,9 +79,14 @@ class Admin:
         self._closed = False
         self._lock = threading.Lock()
         self._connection = Connection(address, **options)
-        self._connection.open()
-        self.pool = ConnectionPool(address, options, address_resolver,
-                                   max_subscriptions_per_connection)
+        try:
+            self._connection.open()
+            self.pool = ConnectionPool(address, options, address_resolver,
+                                       max_subscriptions_per_connection)
+        except BaseException:
+            # An interrupt too: nobody else could close what was opened.
+            self._connection.close()
+            raise
         # The cluster's nodes as metadata last named them: where the admin
         # connection goes when the URI's node is down.
         self._nodes: tuple[Endpoint, ...] = ()
@@ -117,6 +122,9 @@ class Admin:
             except RECOVERABLE as exc:
                 error = exc
                 continue
+            except BaseException:  # an interrupt: nobody else could close it
+                conn.close()
+                raise
             return conn
         assert error is not None
         raise error

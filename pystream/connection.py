@@ -128,6 +128,8 @@ class Connection:
             self._handshake()
         except BaseException:
             self._shutdown_socket()
+            if self._receiver.abandon():  # an interrupt kept the thread from starting
+                self._close_socket()
             raise
         with self._state_lock:
             if not self._closed.is_set():
@@ -137,13 +139,29 @@ class Connection:
             locks.new_thread(self._heartbeat_loop, "pystream-heartbeat").start()
 
     def _connect_socket(self) -> None:
+        # socket.create_connection's own, but each socket is the
+        # connection's as soon as it exists: an interrupt that lands in
+        # there leaves it to ``open``'s cleanup, not to a frame of a
+        # traceback that may live on in a cycle (the descriptor with it).
         try:
-            sock = socket.create_connection(
-                (self.address.host, self.address.port),
-                timeout=self.connect_timeout)
+            addresses = socket.getaddrinfo(self.address.host, self.address.port,
+                                           0, socket.SOCK_STREAM)
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {self.address.uri()}: "
                                  f"{exc}") from exc
+        failure: OSError | None = None
+        for family, kind, proto, _, where in addresses:
+            self._sock = sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.connect(where)
+                break
+            except OSError as exc:
+                failure = exc
+                self._close_socket()
+        else:
+            raise ConnectionLost(f"cannot connect to {self.address.uri()}: "
+                                 f"{failure}") from failure
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.ssl_context is not None:
             try:

@@ -62,17 +62,35 @@ class ConnectionPool:
         """An open connection to ``endpoint`` with room for one more user;
         give it back with :meth:`release` (``holder``: with the same)."""
         holder = _Anonymous() if holder is None else holder
-        with self._lock:
-            for conn in self._connections.get(endpoint, []):
-                holders = self._holders[conn]
-                if conn.is_open and len(holders) < self.max_subscriptions:
-                    holders.append(holder)
-                    return conn
-        conn = self._open(endpoint)
-        with self._lock:
-            self._holders[conn] = [holder]
-            self._connections.setdefault(endpoint, []).append(conn)
-        return conn
+        # What this call took, noted before it is taken: an interrupt (a
+        # KeyboardInterrupt the application catches) that lands anywhere
+        # in here gives it back, and a caller it kept from learning of a
+        # hold does not keep it for good.
+        taken: list[Connection] = []
+        opened: list[Connection] = []
+        try:
+            with self._lock:
+                for conn in self._connections.get(endpoint, []):
+                    holders = self._holders[conn]
+                    if conn.is_open and len(holders) < self.max_subscriptions:
+                        taken.append(conn)
+                        holders.append(holder)
+                        return conn
+            conn = self._open(endpoint, opened)
+            with self._lock:
+                taken.append(conn)
+                self._holders[conn] = [holder]
+                self._connections.setdefault(endpoint, []).append(conn)
+            return conn
+        except BaseException:
+            for conn in taken:
+                self.release(conn, holder)  # closed, if it was the last hold
+            for conn in opened:
+                with self._lock:
+                    listed = conn in self._holders
+                if not listed:  # opened here and never handed out
+                    conn.close()
+            raise
 
     def release(self, conn: Connection, holder: object = None) -> None:
         """Give back a hold on ``conn``: one of an unnamed holder's, or
@@ -125,11 +143,14 @@ class ConnectionPool:
         target = self.resolver(endpoint) if self.resolver else endpoint
         return replace(self.address, host=target.host, port=target.port)
 
-    def _open(self, endpoint: Endpoint) -> Connection:
+    def _open(self, endpoint: Endpoint, opened: list[Connection]) -> Connection:
+        """A new connection to ``endpoint``, noted in ``opened`` (with any
+        it closed on the way) before it is opened."""
         address = self.address_of(endpoint)
         attempts = 1
         while True:
             conn = Connection(address, **self.options)
+            opened.append(conn)
             conn.open()
             props = conn.connection_properties
             landed = Endpoint(props.get("advertised_host", endpoint.host),

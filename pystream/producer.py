@@ -146,14 +146,22 @@ class Producer:
         self._linger_wanted = False
         self._flush_wanted = False
         self._link.connect()
-        if name is not None:
-            try:
+        try:
+            if name is not None:
                 self.last_publishing_id = client.query_publisher_sequence(stream, name)
-            except BaseException:
-                self._link.disconnect(delete=True)
-                raise
-        self._callbacks = CallbackThread("pystream-producer-callbacks")
-        locks.new_thread(self._linger_loop, "pystream-producer").start()
+            self._callbacks = CallbackThread("pystream-producer-callbacks")
+            locks.new_thread(self._linger_loop, "pystream-producer").start()
+        except BaseException:
+            # An interrupt may have come after either thread started: they
+            # end once the producer is closed.
+            self._closed = self._closed_whole = True
+            self._link.disconnect(delete=True)
+            callbacks = getattr(self, "_callbacks", None)
+            if callbacks is not None:
+                callbacks.stop()
+            with self._lock:
+                self._wake.notify_all()
+            raise
 
     def __repr__(self) -> str:
         return (f"<pystream.Producer {self.stream!r} "

@@ -10,7 +10,7 @@ reads whenever no application thread does (while the application works on a
 batch), so heartbeats, answers and chunks keep flowing.
 
 One thread at a time holds the turn. The reader thread polls the socket and
-a wake-up pipe, so that an application thread wanting the turn can take it
+a wake-up socket pair, so that an application thread wanting the turn can take it
 from a reader idle in ``poll``; the holder gives it back once done. An
 application thread that has its batch lends the turn instead (``lend``):
 back within ``LEND_SECONDS``, as one iterating a stream mostly is, it
@@ -32,7 +32,7 @@ connection's close rules).
 
 from __future__ import annotations
 
-import os
+import _socket
 import select
 import threading
 import time
@@ -55,12 +55,15 @@ class ReadTurn:
     def __init__(self, fd: int) -> None:
         self._lock = threading.RLock()  # held as itself: see locks
         self._cond = threading.Condition(self._lock)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # Socket objects, not a pipe's bare descriptors: an interrupt that
+        # lands as they are made leaves objects that close as they go
+        # (``socket.socketpair`` holds bare descriptors on its way).
+        self._wake_r, self._wake_w = _socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._poll = select.poll()
         self._poll.register(fd, _POLL_IN)
-        self._poll.register(self._wake_r, select.POLLIN)
+        self._poll.register(self._wake_r.fileno(), select.POLLIN)
         self._fd = fd
         self.wanted = 0          # application threads waiting for the turn
         self._holder: int | None = None  # thread ident holding it
@@ -126,7 +129,7 @@ class ReadTurn:
 
     def end(self) -> None:
         """The reader thread leaves (the socket shut down): nobody reads
-        again, and the pipe goes."""
+        again, and the wake-up pair goes."""
         with self._lock:
             self._ended = True
             self._holder = None
@@ -136,8 +139,8 @@ class ReadTurn:
             # lent it, and reads no more until it takes it again).
             locks.wait_for(self._cond, self._free, None)
             self._holder = self._lent_until = None
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._wake_r.close()
+            self._wake_w.close()
 
     # --- application threads ----------------------------------------------------------
 
@@ -182,13 +185,13 @@ class ReadTurn:
 
     def _wake(self) -> None:
         try:
-            os.write(self._wake_w, b"\0")
+            self._wake_w.send(b"\0")
         except BlockingIOError:
             pass  # a wake-up is pending already
 
     def poll(self, timeout: float | None) -> bool:
         """Wait (the holder) until the socket is readable (True), or the
-        pipe or ``timeout`` woke it (False)."""
+        wake-up pair or ``timeout`` woke it (False)."""
         ms = None if timeout is None else max(0, int(timeout * 1000) + 1)
         readable = False
         for fd, _ in self._poll.poll(ms):
@@ -196,7 +199,7 @@ class ReadTurn:
                 readable = True
             else:
                 try:
-                    os.read(self._wake_r, 4096)
+                    self._wake_r.recv(4096)
                 except BlockingIOError:
                     pass
         return readable

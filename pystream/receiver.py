@@ -52,6 +52,10 @@ class Receiver:
         self._tls = False
         self._turn: ReadTurn | None = None  # who reads the socket (see readturn)
         self._committed = False  # every byte read is in the decoder's buffer
+        # Taken (popped) by the reader thread as it begins, or by ``abandon``
+        # if the connection gave up before it could: whoever takes it drops
+        # the socket at the end, and only they.
+        self._unclaimed = [True]
 
     def attach(self, sock: socket.socket, *, tls: bool) -> None:
         """Read ``sock`` from now on (once connected, before ``run``). A TLS
@@ -65,6 +69,10 @@ class Receiver:
 
     def run(self) -> None:
         """The reader thread: read until the socket ends, then drop it."""
+        try:
+            self._unclaimed.pop()
+        except IndexError:
+            return  # abandoned before this thread began
         sock, turn = self._sock, self._turn
         assert sock is not None
         first = not self._tls
@@ -101,6 +109,19 @@ class Receiver:
             # not at the next collection of cycles.
             self._drain = self._shutdown = self._close = _nothing
             self._failed = _nothing
+
+    def abandon(self) -> bool:
+        """Opening the connection failed (or an interrupt stopped it) after
+        the reader thread was made: whether that thread never began, and
+        never will read. Then the caller closes the socket; the turn ends
+        here."""
+        try:
+            self._unclaimed.pop()
+        except IndexError:
+            return False  # the reader thread drops the socket as it ends
+        if self._turn is not None:
+            self._turn.end()
+        return True
 
     # --- either thread ----------------------------------------------------------------
 

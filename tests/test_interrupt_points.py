@@ -42,6 +42,11 @@ PARTITIONS = 3
 BATCH_ROWS = 200
 
 
+# The modules whose functions run as weakref callbacks (threading's WeakSet
+# of threads, pyarrow's and the metrics' weak dictionaries).
+WEAKREF_CALLBACKS = ("/_weakrefset.py", "/weakref.py")
+
+
 class Interrupter:
     """Raises KeyboardInterrupt at the ``at``-th interrupt point of what
     runs while armed, outside this file's own frames."""
@@ -50,17 +55,25 @@ class Interrupter:
         self.left = 0
         self.landed = 0
         self.points = 0  # of the last call that ran to its end
+        self.where = ""  # the point the last interrupt landed at
 
     def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call" and event != "c_return":
             return
         if frame.f_code.co_filename == __file__:
             return
+        if frame.f_code.co_filename.endswith(WEAKREF_CALLBACKS):
+            # A weakref's callback, run by whatever freed its referent: an
+            # exception there is ignored, and one a profile hook raises
+            # there leaves the interpreter raising TypeErrors of its own.
+            return
         self.left -= 1
         self.points += 1
         if self.left == 0:
             sys.setprofile(None)
             self.landed += 1
+            code = frame.f_code
+            self.where = f"{code.co_filename}:{frame.f_lineno} ({code.co_name}, {event})"
             raise KeyboardInterrupt
 
     def call(self, at: int, fn: Callable[[], Any]) -> Any:
