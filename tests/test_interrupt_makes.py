@@ -9,27 +9,19 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 
 import pystream
 
 from .conftest import MODERN_URI
 from .test_interrupt_points import Interrupter, client  # noqa: F401
+from .test_interrupt_sends import stream  # noqa: F401
 from .waiting import wait_until
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-def stream(client: pystream.Client) -> Iterator[str]:  # noqa: F811
-    name = f"test-interrupt-makes-{np.random.randint(1 << 30)}"
-    client.create_stream(name)
-    yield name
-    client.delete_stream(name, missing_ok=True)
 
 
 def left_open() -> tuple[int, int]:
