@@ -145,22 +145,16 @@ class Producer:
         self._wake = threading.Condition(self._lock)
         self._linger_wanted = False
         self._flush_wanted = False
-        self._link.connect()
+        self._callbacks = CallbackThread("pystream-producer-callbacks")
         try:
+            self._link.connect()
             if name is not None:
                 self.last_publishing_id = client.query_publisher_sequence(stream, name)
-            self._callbacks = CallbackThread("pystream-producer-callbacks")
             locks.new_thread(self._linger_loop, "pystream-producer").start()
         except BaseException:
-            # An interrupt may have come after either thread started: they
-            # end once the producer is closed.
-            self._closed = self._closed_whole = True
-            self._link.disconnect(delete=True)
-            callbacks = getattr(self, "_callbacks", None)
-            if callbacks is not None:
-                callbacks.stop()
-            with self._lock:
-                self._wake.notify_all()
+            # Failed, or an interrupt came after the publisher was declared
+            # or a thread started: undone as any producer is.
+            self.close()
             raise
 
     def __repr__(self) -> str:
