@@ -87,7 +87,7 @@ def fuzz_handshake(data: bytes) -> None:
             if response:
                 reply[8:12] = corr
             reader.feed(bytes(reply))
-            connection._drain(reader)
+            connection._drain()
             if response:
                 return
 
@@ -121,7 +121,7 @@ def test_one_input(data: bytes) -> None:
         cut = len(data) // 2
         for piece in (data[:cut], data[cut:]):
             reader.feed(piece)
-            connection._drain(reader)
+            connection._drain()
     except StreamError:
         pass
 
