@@ -136,10 +136,6 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     **{("producer-interrupted", f): "the interrupts are the Producer row's cancel "
                                     "cell; here they meet the broker's faults"
        for f in ("exception", "cancel", "kill")},
-    ("super-producer", "cancel"): "not written yet: an interrupted SuperStreamProducer."
-                                  "send_batch is swept point by point, also under "
-                                  "repeated connection closes (tests/test_interrupt_"
-                                  "sends.py), not in a child process here",
     **{(p, "cancel"): "a Spark task is cancelled by ending its Python worker (the kill "
                       "cell), not by an interrupt it catches" for p in SINKS},
     ("range", "cancel"): "a cancelled range read is dropped and its task re-run "
@@ -1071,10 +1067,14 @@ def cell_interrupted_producer(run: Run) -> None:
     """A named producer in a child process, sent SIGINT again and again
     while it sends; it catches each KeyboardInterrupt and goes on as
     docs/producing.md says. A broker fault strikes once it is half-way."""
+    super_stream = run.tag if run.path == "super-producer" else None
     with run.connect() as client:
-        run.stream(client)
+        if super_stream is None:
+            run.stream(client)
+        else:
+            run.super_stream(client)
         out = run.workdir / f"{run.tag}.bin"
-        child = spawn(run, "interrupted-producer", out)
+        child = spawn(run, "interrupted-producer", out, super_stream=super_stream)
         wait_for(lambda: len(pairs(out)) > 0 or child.poll() is not None, 60)
         confirmed = lambda: int(pairs(out)[:, 1].sum())  # noqa: E731
         sent = 0
@@ -1099,7 +1099,7 @@ def cell_interrupted_producer(run: Run) -> None:
                 confirmed[first:first + n] = True
         if not result.get("done"):
             run.verdict_hint = run.verdict_hint or "the producer did not finish"
-        finish_writer(run, client, confirmed)
+        finish_writer(run, client, confirmed, super_stream)
 
 
 # --- the children's side ------------------------------------------------------------
@@ -1120,6 +1120,8 @@ def child_main(spec: dict[str, Any]) -> int:
             return _child_interrupted(client, spec, write)
         if role == "producer":
             return _child_produce(client, spec, write)
+        if role == "interrupted-producer" and spec.get("super_stream"):
+            return _child_interrupted_super_produce(client, spec, write)
         if role == "interrupted-producer":
             return _child_interrupted_produce(client, spec, write)
         if role == "super-producer":
@@ -1289,6 +1291,65 @@ def _child_interrupted_produce(client: pystream.Client, spec: dict[str, Any],
     return 0
 
 
+def _child_interrupted_super_produce(client: pystream.Client, spec: dict[str, Any],
+                                     write: Any) -> int:
+    """A super stream producer's side of ``_child_interrupted_produce``, as
+    docs/producing.md says (#dedup-producer-interrupt): the ids each
+    partition gives a batch's share are taken before the first attempt;
+    after an interrupt, flush, then send the same batch with the same ids,
+    the partitions that stored their share dropping it. A batch counts as
+    confirmed only through the done-callback of an attempt that returned,
+    which flush waited for: nothing is assumed."""
+    armed = [False]
+    dropped = [0]
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        dropped[0] += 1
+
+    def confirmed(future: Any, first: int, n: int) -> None:
+        if future.exception() is None:
+            write([first], [n])
+
+    signal.signal(signal.SIGINT, on_sigint)
+    interrupts = 0
+    write([-1], [0])  # started: the signals may come
+    with client.producer(super_stream=spec["super_stream"], route=route,
+                         name=spec["tag"]) as producer:
+        seq = 0
+        while seq < N:
+            n = min(INTERRUPTED_BATCH, N - seq)
+            batch = as_binary(bodies(seq, n))
+            ids: dict[str, int] | None = None
+            again = False
+            while True:
+                try:
+                    armed[0] = True
+                    if again:
+                        producer.flush(AFTER_FAULT)
+                    if ids is None:  # nothing of this batch sent yet
+                        ids = {p: producer.last_publishing_id(p) + 1
+                               for p in producer.partitions}
+                    future = producer.send_batch(batch, publishing_ids=ids)
+                    future.add_done_callback(functools.partial(confirmed, first=seq, n=n))
+                    producer.flush(AFTER_FAULT)
+                    armed[0] = False
+                    break
+                except KeyboardInterrupt:
+                    armed[0] = False
+                    interrupts += 1
+                    again = True
+            seq += n
+            if seq >= N // 2:  # the second half over SECOND_HALF
+                time.sleep(SECOND_HALF / (N / 2 / INTERRUPTED_BATCH))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
+    print(json.dumps({"done": True, "interrupts": interrupts,
+                      "outside_calls": dropped[0], "recoveries": 0}))
+    return 0
+
+
 def _child_super_produce(client: pystream.Client, spec: dict[str, Any], write: Any) -> int:
     confirmed = np.zeros(N, bool)
     if spec.get("confirmed_file"):
@@ -1333,7 +1394,8 @@ READERS_IN_PROCESS: dict[str, Callable[[Run], None]] = {
 def runner(path: str, fault: str) -> Callable[[Run], None]:
     if fault == "kill":
         return cell_kill_writer if path in WRITERS else cell_kill_reader
-    if path == "producer-interrupted" or (fault == "cancel" and path == "producer"):
+    if path == "producer-interrupted" or (fault == "cancel"
+                                          and path in ("producer", "super-producer")):
         return cell_interrupted_producer
     if fault == "cancel" and path != "aio":
         return cell_interrupted
