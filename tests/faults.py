@@ -124,6 +124,7 @@ PATHS = {
     "producer": "Producer, named (deduplicating)",
     "producer-interrupted": "Producer, named, sent SIGINT again and again",
     "super-producer": "SuperStreamProducer, named",
+    "super-producer-interrupted": "SuperStreamProducer, named, sent SIGINT again and again",
     **{f"sink-{c}": f"Spark sink task, {c}" for c in CODECS},
 }
 FAULTS = ("close", "pause", "restart", "exception", "cancel", "kill")
@@ -133,8 +134,9 @@ WRITERS = ("producer", "super-producer", *SINKS)
 
 # Cells that do not apply, and why.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
-    **{("producer-interrupted", f): "the interrupts are the Producer row's cancel "
-                                    "cell; here they meet the broker's faults"
+    **{(p, f): "the interrupts are the cancel cell of the row above; here they "
+               "meet the broker's faults"
+       for p in ("producer-interrupted", "super-producer-interrupted")
        for f in ("exception", "cancel", "kill")},
     **{(p, "cancel"): "a Spark task is cancelled by ending its Python worker (the kill "
                       "cell), not by an interrupt it catches" for p in SINKS},
@@ -1067,7 +1069,7 @@ def cell_interrupted_producer(run: Run) -> None:
     """A named producer in a child process, sent SIGINT again and again
     while it sends; it catches each KeyboardInterrupt and goes on as
     docs/producing.md says. A broker fault strikes once it is half-way."""
-    super_stream = run.tag if run.path == "super-producer" else None
+    super_stream = run.tag if run.path.startswith("super-producer") else None
     with run.connect() as client:
         if super_stream is None:
             run.stream(client)
@@ -1314,6 +1316,8 @@ def _child_interrupted_super_produce(client: pystream.Client, spec: dict[str, An
             write([first], [n])
 
     signal.signal(signal.SIGINT, on_sigint)
+    recoveries = _Recoveries()
+    logging.getLogger("pystream").addHandler(recoveries)
     interrupts = 0
     write([-1], [0])  # started: the signals may come
     with client.producer(super_stream=spec["super_stream"], route=route,
@@ -1346,7 +1350,8 @@ def _child_interrupted_super_produce(client: pystream.Client, spec: dict[str, An
                 time.sleep(SECOND_HALF / (N / 2 / INTERRUPTED_BATCH))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
     print(json.dumps({"done": True, "interrupts": interrupts,
-                      "outside_calls": dropped[0], "recoveries": 0}))
+                      "outside_calls": dropped[0],
+                      "recoveries": len(recoveries.messages)}))
     return 0
 
 
@@ -1394,8 +1399,8 @@ READERS_IN_PROCESS: dict[str, Callable[[Run], None]] = {
 def runner(path: str, fault: str) -> Callable[[Run], None]:
     if fault == "kill":
         return cell_kill_writer if path in WRITERS else cell_kill_reader
-    if path == "producer-interrupted" or (fault == "cancel"
-                                          and path in ("producer", "super-producer")):
+    if path.endswith("-interrupted") or (fault == "cancel"
+                                         and path in ("producer", "super-producer")):
         return cell_interrupted_producer
     if fault == "cancel" and path != "aio":
         return cell_interrupted
