@@ -100,7 +100,12 @@ class ConnectionPool:
             holders = self._holders.get(conn)
             if holders is not None:
                 if holder is None:
-                    holder = next((h for h in holders if isinstance(h, _Anonymous)), None)
+                    # A loop, not next() over a generator, whose finalizer
+                    # would print and drop an interrupt landing in it.
+                    for h in holders:
+                        if isinstance(h, _Anonymous):
+                            holder = h
+                            break
                 if holder in holders:
                     holders.remove(holder)
         self._close_unheld()

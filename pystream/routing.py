@@ -102,13 +102,12 @@ class FrameRoutes:
         Subscribe with that id."""
         with self._lock:
             self._check_open()
-            free = next((i for i in range(256) if i not in self._sinks), None)
-            if free is None:
-                raise ValueError("this connection already has 256 "
-                                 "subscriptions")
-            self._reader.subscribe(free, **decode_options)
-            self._sinks[free] = sink
-        return free
+            for free in range(256):  # a loop: see add_publisher
+                if free not in self._sinks:
+                    self._reader.subscribe(free, **decode_options)
+                    self._sinks[free] = sink
+                    return free
+            raise ValueError("this connection already has 256 subscriptions")
 
     def update_subscription(self, subscription_id: int,
                             **decode_options: Any) -> None:
@@ -132,11 +131,13 @@ class FrameRoutes:
         """Give ``sink`` a free publisher id; the caller then declares it."""
         with self._lock:
             self._check_open()
-            free = next((i for i in range(256) if i not in self._publishers), None)
-            if free is None:
-                raise ValueError("this connection already has 256 publishers")
-            self._publishers[free] = sink
-        return free
+            # A loop, not next() over a generator: an interrupt landing in a
+            # generator's finalizer would be printed and dropped.
+            for free in range(256):
+                if free not in self._publishers:
+                    self._publishers[free] = sink
+                    return free
+            raise ValueError("this connection already has 256 publishers")
 
     def remove_publisher(self, publisher_id: int, sink: PublisherSink) -> None:
         """Free ``publisher_id`` if ``sink`` still has it (a removal
