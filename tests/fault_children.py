@@ -161,65 +161,79 @@ def _child_produce(client: pystream.Client, spec: dict[str, Any], write: Any) ->
 INTERRUPTED_BATCH = 50  # records per batch of the interrupted producer: more calls
 
 
+class ProducerInterrupts:
+    """An interrupted producer child's SIGINTs: each raises
+    ``KeyboardInterrupt`` while ``armed`` (in the producer's calls), one
+    at a time as the promise says; one that comes before the last was
+    handled (while it goes up through the producer) is counted and
+    dropped. Also what the child had confirmed, and pystream's recovery
+    warnings."""
+
+    def __init__(self, write: Any) -> None:
+        self.write = write
+        self.armed = False
+        self.caught = 0
+        self.dropped = 0
+        self.recoveries = _Recoveries()
+        logging.getLogger("pystream").addHandler(self.recoveries)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        write([-1], [0])  # started: the signals may come
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        self.dropped += 1
+
+    def confirmed(self, future: Any, first: int, n: int) -> None:
+        if future.exception() is None:
+            self.write([first], [n])
+
+    def report(self, *, done: bool) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
+        print(json.dumps({"done": done, "interrupts": self.caught,
+                          "outside_calls": self.dropped,
+                          "recoveries": len(self.recoveries.messages)}))
+
+
 def _child_interrupted_produce(client: pystream.Client, spec: dict[str, Any],
                                write: Any) -> int:
     """Sends as docs/producing.md says an interrupted application should:
     catch the KeyboardInterrupt, flush, and send again from what
     ``last_publishing_id`` has not reached. A SIGINT interrupts the
     producer's calls only (``send_batch``, ``flush``), one at a time as the
-    promise says: one that comes before the last was handled (while it
-    goes up through the producer) is counted and dropped. Each batch is
-    flushed before the next, so that most signals land in a call."""
-    armed = [False]
-    dropped = [0]
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-        dropped[0] += 1
-
-    def confirmed(future: Any, first: int, n: int) -> None:
-        if future.exception() is None:
-            write([first], [n])
-
-    signal.signal(signal.SIGINT, on_sigint)
-    recoveries = _Recoveries()
-    logging.getLogger("pystream").addHandler(recoveries)
-    interrupts = 0
-    write([-1], [0])  # started: the signals may come
+    promise says (``ProducerInterrupts``). Each batch is flushed before
+    the next, so that most signals land in a call."""
+    sig = ProducerInterrupts(write)
     with client.producer(spec["streams"][0], name=spec["tag"]) as producer:
         seq, resync = 0, False
         while True:
             try:
-                armed[0] = True
+                sig.armed = True
                 if resync:
                     producer.flush(AFTER_FAULT)
                     seq, resync = producer.last_publishing_id, False
                 if seq >= N:
                     producer.flush(AFTER_FAULT)
-                    armed[0] = False
+                    sig.armed = False
                     break
                 n = min(INTERRUPTED_BATCH, N - seq)
                 future = producer.send_batch(as_binary(bodies(seq, n)),
                                              publishing_id=seq + 1)
                 seq += n
-                future.add_done_callback(functools.partial(confirmed, first=seq - n, n=n))
+                future.add_done_callback(functools.partial(sig.confirmed, first=seq - n, n=n))
                 producer.flush(AFTER_FAULT)
-                armed[0] = False
+                sig.armed = False
                 if seq >= N // 2:  # the second half over SECOND_HALF: a fault strikes
                     time.sleep(SECOND_HALF / (N / 2 / INTERRUPTED_BATCH))
             except KeyboardInterrupt:
-                armed[0] = False
-                interrupts += 1
+                sig.armed = False
+                sig.caught += 1
                 resync = True
         # Every message the producer took is confirmed (flush returned),
         # those of futures an interrupt kept from the callbacks too.
         write([0], [producer.last_publishing_id])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
-    print(json.dumps({"done": producer.last_publishing_id == N,
-                      "interrupts": interrupts, "outside_calls": dropped[0],
-                      "recoveries": len(recoveries.messages)}))
+    sig.report(done=producer.last_publishing_id == N)
     return 0
 
 
@@ -232,24 +246,7 @@ def _child_interrupted_super_produce(client: pystream.Client, spec: dict[str, An
     the partitions that stored their share dropping it. A batch counts as
     confirmed only through the done-callback of an attempt that returned,
     which flush waited for: nothing is assumed."""
-    armed = [False]
-    dropped = [0]
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-        dropped[0] += 1
-
-    def confirmed(future: Any, first: int, n: int) -> None:
-        if future.exception() is None:
-            write([first], [n])
-
-    signal.signal(signal.SIGINT, on_sigint)
-    recoveries = _Recoveries()
-    logging.getLogger("pystream").addHandler(recoveries)
-    interrupts = 0
-    write([-1], [0])  # started: the signals may come
+    sig = ProducerInterrupts(write)
     with client.producer(super_stream=spec["super_stream"], route=route,
                          name=spec["tag"]) as producer:
         seq = 0
@@ -260,28 +257,25 @@ def _child_interrupted_super_produce(client: pystream.Client, spec: dict[str, An
             again = False
             while True:
                 try:
-                    armed[0] = True
+                    sig.armed = True
                     if again:
                         producer.flush(AFTER_FAULT)
                     if ids is None:  # nothing of this batch sent yet
                         ids = {p: producer.last_publishing_id(p) + 1
                                for p in producer.partitions}
                     future = producer.send_batch(batch, publishing_ids=ids)
-                    future.add_done_callback(functools.partial(confirmed, first=seq, n=n))
+                    future.add_done_callback(functools.partial(sig.confirmed, first=seq, n=n))
                     producer.flush(AFTER_FAULT)
-                    armed[0] = False
+                    sig.armed = False
                     break
                 except KeyboardInterrupt:
-                    armed[0] = False
-                    interrupts += 1
+                    sig.armed = False
+                    sig.caught += 1
                     again = True
             seq += n
             if seq >= N // 2:  # the second half over SECOND_HALF
                 time.sleep(SECOND_HALF / (N / 2 / INTERRUPTED_BATCH))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # through the exit too
-    print(json.dumps({"done": True, "interrupts": interrupts,
-                      "outside_calls": dropped[0],
-                      "recoveries": len(recoveries.messages)}))
+    sig.report(done=True)
     return 0
 
 
