@@ -164,18 +164,22 @@ class Connection:
                                  f"{failure}") from failure
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.ssl_context is not None:
+            # The TLS socket takes the descriptor over; it is the
+            # connection's before its handshake, where an interrupt is most
+            # likely to land (waiting for the server), so that ``open``'s
+            # cleanup closes it.
+            self._sock = sock = self.ssl_context.wrap_socket(
+                sock, server_hostname=self.address.host, do_handshake_on_connect=False)
             try:
-                sock = self.ssl_context.wrap_socket(
-                    sock, server_hostname=self.address.host)
+                sock.do_handshake()
             except ssl.SSLCertVerificationError as exc:
-                sock.close()
+                self._close_socket()
                 raise certificate_error(self.address.uri(), exc) from exc
             except (ssl.SSLError, OSError) as exc:
-                sock.close()
+                self._close_socket()
                 raise ConnectionLost(f"TLS handshake with "
                                      f"{self.address.uri()} failed: {exc}") from exc
         sock.settimeout(None)  # the reader thread blocks; close() unblocks it
-        self._sock = sock
         self._receiver.attach(sock, tls=self.ssl_context is not None)
 
     def _handshake(self) -> None:

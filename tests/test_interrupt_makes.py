@@ -14,6 +14,7 @@ import contextlib
 import gc
 import os
 import random
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 
 import pystream
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, TLS_URI
 from .test_interrupt_points import Interrupter, client, faults  # noqa: F401
 from .test_interrupt_sends import stream  # noqa: F401
 from .waiting import wait_until
@@ -59,13 +60,16 @@ def none_left(before: tuple[int, int]) -> bool:
 
 
 @pytest.mark.parametrize("what,fault", [
-    ("connect", None), ("producer", None), ("consumer", None),
+    ("connect", None), ("connect-tls", None), ("producer", None), ("consumer", None),
     ("connect", "close"), ("producer", "close"), ("consumer", "close")])
 def test_an_interrupt_at_any_point_of_making_one_leaves_nothing_open(
         client: pystream.Client, stream: str, what: str,  # noqa: F811
-        fault: str | None) -> None:
+        fault: str | None, request: pytest.FixtureRequest) -> None:
+    tls = (ssl.create_default_context(cafile=request.getfixturevalue("tls_dir") / "ca.pem")
+           if what == "connect-tls" else None)
     makers: dict[str, Callable[[], Any]] = {
         "connect": lambda: pystream.connect(MODERN_URI),
+        "connect-tls": lambda: pystream.connect(TLS_URI, ssl_context=tls),
         "producer": lambda: client.producer(stream, name=stream),
         "consumer": lambda: client.consumer(stream, offset="first", name=stream),
     }
