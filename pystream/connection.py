@@ -107,7 +107,6 @@ class Connection:
         self._ended = False
         self._ending = threading.RLock()
         self._listeners_told = 0
-        self._counted = False  # in the open connections metric
         self._last_write = time.monotonic()
         self._receiver = Receiver(
             address.uri(), self._reader, drain=self._drain, failed=self._read_failed,
@@ -131,10 +130,7 @@ class Connection:
             if self._receiver.abandon():  # an interrupt kept the thread from starting
                 self._close_socket()
             raise
-        with self._state_lock:
-            if not self._closed.is_set():
-                self._counted = True
-                metrics.connection_opened(self.address)
+        metrics.connection_opened(self.address, self)  # counted while open
         if self.heartbeat:
             locks.new_thread(self._heartbeat_loop, "pystream-heartbeat").start()
 
@@ -447,8 +443,6 @@ class Connection:
             if not self._closed.is_set():
                 self._error = error
                 self._closed.set()
-                if self._counted:
-                    metrics.connection_closed(self.address)
         self._end()
 
     @locks.letting_go(lambda conn: (conn._ending,))  # interrupted before the try

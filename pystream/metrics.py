@@ -141,7 +141,10 @@ _Stats = TypeVar("_Stats")
 # keyed by (host, port, stream, consumer name)
 _consumer_stats: dict[tuple[str, int, str, str | None], ConsumerStats] = {}
 _publisher_stats: dict[tuple[str, int, str], PublisherStats] = {}
-_connections: dict[tuple[str, int], int] = {}
+# The connections that opened, by broker: the gauge counts those still
+# open, so that an interrupt between an open (or a close) and its record
+# here cannot leave the count off for good.
+_connections: dict[tuple[str, int], weakref.WeakSet[Any]] = {}
 # Live subscriptions, for the gauges (credit, buffers, lag, stored offset).
 _subscriptions: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -183,14 +186,11 @@ def watch_subscription(sub: Any) -> None:
         _subscriptions.add(sub)
 
 
-def connection_opened(address: BrokerAddress, delta: int = 1) -> None:
+def connection_opened(address: BrokerAddress, connection: Any) -> None:
+    """``connection`` (with an ``is_open``) opened to ``address``."""
     key = (address.host, address.port)
     with _lock:
-        _connections[key] = _connections.get(key, 0) + delta
-
-
-def connection_closed(address: BrokerAddress) -> None:
-    connection_opened(address, -1)
+        _connections.setdefault(key, weakref.WeakSet()).add(connection)
 
 
 # --- the OpenTelemetry side ----------------------------------------------------
@@ -422,8 +422,9 @@ def _written() -> Iterator[tuple[float, Attributes]]:
 
 def _open_connections() -> Iterator[tuple[float, Attributes]]:
     with _lock:
-        items = list(_connections.items())
-    for (host, port), count in items:
+        items = [(key, list(conns)) for key, conns in _connections.items()]
+    for (host, port), conns in items:
+        count = sum(1 for conn in conns if conn.is_open)
         yield count, {"messaging.system": SYSTEM, "server.address": host,
                       "server.port": port}
 
