@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import pystream
+from pystream import metrics
 
 from .conftest import MODERN_URI, TLS_URI
 from .test_interrupt_points import Interrupter, client, faults  # noqa: F401
@@ -37,6 +38,11 @@ def left_open() -> tuple[int, int]:
     return (len(os.listdir("/proc/self/fd")),
             sum(t.name.startswith("pystream-reader") and t.is_alive()
                 for t in threading.enumerate()))
+
+
+def open_gauge() -> float:
+    """What the ``rabbitmq.stream.connections`` gauge reports."""
+    return sum(n for n, _ in metrics._open_connections())
 
 
 def opened() -> str:
@@ -76,6 +82,7 @@ def test_an_interrupt_at_any_point_of_making_one_leaves_nothing_open(
     make = makers[what]
     interrupter = Interrupter()
     before = left_open()
+    gauge = open_gauge()
     landed = failed = 0
     # Under faults, every third point from a random first one: all of them
     # are swept without, and the faults' timing differs from run to run.
@@ -106,6 +113,8 @@ def test_an_interrupt_at_any_point_of_making_one_leaves_nothing_open(
                 break
             at += step
     assert landed >= 50 / step
+    if fault is None:  # under faults, the client's own may be closed now
+        assert open_gauge() == gauge, "the connections gauge drifted"
     if fault is not None:
         assert failed < landed, f"{failed} makings failed, {landed} interrupted"
     # The client works on.
