@@ -271,12 +271,13 @@ class Subscriptions:
             if self._closed or self._ended:
                 return
             for sub, position in positions.items():
-                # Nothing handed yet: from what came. (A loop, not next() over
-                # a generator, whose finalizer drops an interrupt landing in it.)
-                for q in self._queue if position is None else ():
-                    if isinstance(q, Queued) and q.sub is sub:
-                        position = q.chunk.first_offset
-                        break
+                if position is None:  # nothing handed yet: from what came
+                    # A loop, not next() over a generator, whose finalizer
+                    # drops an interrupt landing in it.
+                    for q in self._queue:
+                        if isinstance(q, Queued) and q.sub is sub:
+                            position = q.chunk.first_offset
+                            break
                 sub.rewound(position)
                 sub.rewinds += 1
                 self._drop_queued(sub)
