@@ -486,8 +486,11 @@ class Consumer:
         parts = [first] if first is not None and first.num_rows else []
         rows = parts[0].num_rows if parts else 0
         size = item.chunk.size
-        limit_rows = min(x for x in (max_rows, self.max_batch_rows, 1 << 62)
-                         if x is not None)
+        limit_rows = 1 << 62
+        if max_rows is not None:
+            limit_rows = max_rows
+        if self.max_batch_rows is not None and self.max_batch_rows < limit_rows:
+            limit_rows = self.max_batch_rows
         limited = self.max_batch_rows is not None or self.max_batch_bytes is not None
         while rows < limit_rows:
             nxt = self._subs.first()
@@ -514,7 +517,8 @@ class Consumer:
         """Give the application up to ``max_rows`` rows of the queue head,
         moving the position, the credit and the offset tracking."""
         sub = item.sub
-        self._filter(item)
+        if not item.filtered:
+            self._filter(item)
         batch = item.batch
         assert batch is not None
         total = batch.num_rows
@@ -539,7 +543,9 @@ class Consumer:
         before = start / total if total else 0.0
         if end >= total:
             self._subs.done()
-            sub.position = max(sub.position or 0, chunk.next_offset)
+            following = chunk.next_offset
+            if sub.position is None or following > sub.position:
+                sub.position = following
             after = 1.0
         else:
             after = end / total

@@ -181,10 +181,13 @@ class CreditController:
         ``size`` until ``inflated``. Raises ``ProtocolError`` for a chunk
         beyond the credit granted that does not fit."""
         beyond = self.outstanding == 0
-        self.outstanding = max(0, self.outstanding - 1)
+        if not beyond:
+            self.outstanding -= 1
         # Decaying maximum: follows smaller chunks slowly, larger ones at once.
         est = self.chunk_estimate
-        self.chunk_estimate = max(decoded_size, est - (est - decoded_size) // 16)
+        if decoded_size < est:
+            est -= (est - decoded_size) // 16
+        self.chunk_estimate = est if est > decoded_size else decoded_size
         self.sized = True
         budget = self.policy.max_buffered_bytes
         fits = (self.queued_bytes == 0
@@ -207,10 +210,13 @@ class CreditController:
     def queued(self, next_offset: int | None = None, records: int = 1) -> int:
         """An admitted chunk of ``records`` records, ending before
         ``next_offset``, was queued."""
-        if next_offset is not None:
-            self.received = max(self.received or 0, next_offset)
+        if next_offset is not None and (self.received is None
+                                        or next_offset > self.received):
+            self.received = next_offset
         n = self.chunk_records
-        self.chunk_records = max(1, records, n - (n - records) // 16)
+        if records < n:
+            records = n - (n - records) // 16
+        self.chunk_records = records if records > 1 else 1
         mode = self.policy.mode
         if mode == "on_arrival":
             return self._grant(1)
@@ -243,7 +249,8 @@ class CreditController:
         ``fraction_after``; ``size`` (what it was counted at) is released
         when it reaches 1."""
         if fraction_after >= 1.0:
-            self.queued_bytes = max(0, self.queued_bytes - size)
+            left = self.queued_bytes - size
+            self.queued_bytes = left if left > 0 else 0
         mode = self.policy.mode
         if mode == "adaptive":
             return self._adaptive_grant(threshold=True)
@@ -261,7 +268,9 @@ class CreditController:
     def _adaptive_grant(self, *, threshold: bool) -> int:
         p = self.policy
         budget = p.max_buffered_bytes - self.queued_bytes
-        target = min(p.max_outstanding, max(0, budget) // self.chunk_estimate)
+        target = budget // self.chunk_estimate if budget > 0 else 0
+        if target > p.max_outstanding:
+            target = p.max_outstanding
         if target == 0 and self.queued_bytes == 0:
             target = 1  # a budget below one chunk must still make progress
         if p.until is not None and self.received is not None:
@@ -269,7 +278,7 @@ class CreditController:
             target = min(target, max(0, -(-left // self.chunk_records)))
         missing = target - self.outstanding
         # Top up in steps of a quarter of the target, not one frame a chunk.
-        if missing <= 0 or (threshold and missing < max(1, target // 4)):
+        if missing <= 0 or (threshold and missing < target // 4):
             return 0
         return self._grant(missing)
 

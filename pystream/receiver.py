@@ -128,7 +128,8 @@ class Receiver:
     def _read_once(self, sock: socket.socket, first: bool = False) -> None:
         decoder = self._decoder
         view = decoder.writable()  # whatever is there
-        n = sock.recv_into(view, min(READ_SLICE, len(view)))
+        room = len(view)
+        n = sock.recv_into(view, READ_SLICE if room > READ_SLICE else room)
         if n == 0:
             raise ConnectionLost(f"{self._uri} closed the socket")
         if first:
@@ -190,7 +191,10 @@ class Receiver:
         try:
             if not turn.app_take(timeout):
                 return not closed.is_set()
-            while not done() and not closed.is_set():
+            while not closed.is_set():
+                if done():
+                    lend = True
+                    break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -220,7 +224,6 @@ class Receiver:
                     else:
                         turn.torn = True
                     raise
-            lend = done() and not closed.is_set()
         except Exception as exc:
             self._failed(exc)
         finally:

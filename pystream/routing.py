@@ -233,6 +233,13 @@ class FrameRoutes:
         """Each subscription's chunks of ``chunks``, in order; empties it."""
         if not chunks:
             return
+        if len(chunks) == 1:  # most reads bring one chunk
+            sink = self._sinks.get(chunks[0].subscription_id)
+            mine = chunks[:]
+            chunks.clear()
+            if sink is not None:
+                sink.on_chunks(mine)
+            return
         by_sink: dict[int, list[Chunk]] = {}
         for chunk in chunks:
             by_sink.setdefault(chunk.subscription_id, []).append(chunk)

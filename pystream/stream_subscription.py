@@ -229,8 +229,9 @@ class Subscription:
         if end >= batch.num_rows and (counted is None or chunk.next_offset > counted):
             metrics.chunk_received(self.stats, chunk.num_records, chunk.size,
                                    chunk.decode_ns)
-        if self.position is not None:
-            self.counted_to = max(counted or 0, self.position)
+        position = self.position
+        if position is not None and (counted is None or position > counted):
+            self.counted_to = position
 
     # --- SubscriptionSink (reader thread) -----------------------------------
 

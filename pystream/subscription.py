@@ -139,10 +139,12 @@ class Subscriptions:
                     # Admitted, then the subscription broke or was rewound.
                     sub.credit.dropped(cost(chunk), chunk.ticket)
                     continue
-                sub.received = max(sub.received or 0, chunk.next_offset)
+                following = chunk.next_offset
+                if sub.received is None or following > sub.received:
+                    sub.received = following
                 if chunk.committed_chunk_id is not None:
                     sub.committed_chunk_id = chunk.committed_chunk_id
-                n += sub.credit.queued(chunk.next_offset, chunk.num_records)
+                n += sub.credit.queued(following, chunk.num_records)
                 self._queue.append(Queued(sub, chunk))
             if live:
                 sub.last_arrival = time.monotonic()
@@ -167,7 +169,10 @@ class Subscriptions:
         item.batch = chunk.batch
 
     def _notify(self) -> None:
-        self._cond.notify_all()
+        # Most often nobody waits on the condition: the application's thread
+        # reads for itself (``_read_while_waiting``) or is away.
+        if self._cond._waiters:  # type: ignore[attr-defined]
+            self._cond.notify_all()
         for waker in self._wakers:
             waker()
 
