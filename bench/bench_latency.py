@@ -81,7 +81,11 @@ consumers of a run are all subscribed at once (the order of subscribing
 turned from run to run) and read the same messages: whatever regime the
 broker and the publisher fall into in a run falls on all of them, and
 "below a peer" is judged run by run (a sign test over the runs) instead of
-across runs whose regimes differ. They then also share the two cores with
+across runs whose regimes differ. Reading the same messages, each client's
+latency is also set against the C reference's message by message: the
+messages it handed 2 ms or more later are its *stalls* (its process not
+running, or not reading), counted in episodes, with the share of its top
+1 % that lies in them: what decides a p99 on a shared machine. They then also share the two cores with
 each other, which at 100 k msg/s, where the peers fall seconds behind and
 take all the CPU they can, would measure the peers' load more than the
 latency: there the clients take turns.
@@ -115,6 +119,11 @@ COLORS = {"wire": "tab:gray", "pystream": "tab:blue", "rbfly": "tab:orange",
 LATENCY_FACTOR = 1.5   # target: pystream's p99 at most this times the C reference latency's
 
 HEAD = 16          # body bytes read back: send time and sequence number
+# A message a consumer handed this much later than the C reference did
+# was stalled (``stalls``); stalled messages this many apart or closer are
+# one episode.
+STALL_MS = 2.0
+STALL_GAP = 100
 # Where a consumer of a run of consumers reading together writes each
 # message's latency, for the parent to pair them (``paired``).
 DUMP: list[str | None] = [None]
@@ -484,8 +493,11 @@ def measure(args: argparse.Namespace, names: list[str], rate: int) -> dict[str, 
         r = dict(results[name])
         if len(names) > 1:
             r["together"] = names
-            if name in pairs:
-                r["paired"] = pairs[name]
+            mine = pairs.get(name, {})
+            if "stalls" in mine:
+                r["stalls"] = mine.pop("stalls")
+            if mine:
+                r["paired"] = mine
         if "error" in publisher:
             r["error"] = "publisher " + publisher["error"]
         else:
@@ -504,7 +516,8 @@ def paired(tmp: str, names: list[str]) -> dict[str, dict]:
     message first) and the share of messages pystream handed first. What
     pystream adds to a message, apart from what the broker's delivery to
     each subscription adds, which differs from one to the next by a
-    millisecond either way and so decides who has the higher p99."""
+    millisecond either way and so decides who has the higher p99. Every
+    client's ``stalls`` against the C reference's, under its own name."""
     lat: dict[str, dict[int, float]] = {}
     for name in names:
         path = os.path.join(tmp, f"{name}.npz")
@@ -525,7 +538,30 @@ def paired(tmp: str, names: list[str]) -> dict[str, dict]:
             "messages": len(common), "diff_p10_ms": float(p10),
             "diff_median_ms": float(p50), "diff_p90_ms": float(p90),
             "pystream_first": float(np.mean(diff < 0))}
+    floor = lat.get("wire")
+    for name, theirs in lat.items():
+        if floor is not None and name != "wire":
+            out.setdefault(name, {})["stalls"] = stalls(theirs, floor)
     return out
+
+
+def stalls(lat: dict[int, float], floor: dict[int, float]) -> dict:
+    """Where a consumer's tail comes from: the messages it handed over
+    ``STALL_MS`` or more after the C reference did (its process not
+    running, or not reading), grouped into episodes (stalled messages
+    less than ``STALL_GAP`` messages apart), and how much of its top 1 %
+    lies in them."""
+    common = sorted(lat.keys() & floor.keys())
+    if not common:
+        return {}
+    ms = np.array([lat[s] for s in common])
+    excess = ms - np.array([floor[s] for s in common])
+    stalled = np.nonzero(excess >= STALL_MS)[0]
+    episodes = int(np.count_nonzero(np.diff(stalled) > STALL_GAP)) + 1 if len(stalled) else 0
+    top = ms >= np.percentile(ms, 99)
+    return {"episodes": episodes, "stalled_share": float(len(stalled) / len(ms)),
+            "top1_stalled_share": float(np.mean(excess[top] >= STALL_MS)),
+            "longest_ms": float(excess.max())}
 
 
 def describe_run(r: dict) -> str:
@@ -568,6 +604,10 @@ def summarize(runs: list[dict], label: str) -> dict:
             key: statistics.median(x[key] for x in runs_paired)
             for key in ("diff_p10_ms", "diff_median_ms", "diff_p90_ms", "pystream_first")}
         out["paired"][other]["runs"] = len(runs_paired)
+    stalled = [r["stalls"] for r in good if r.get("stalls")]
+    if stalled:
+        out["stalls"] = {key: statistics.median(x[key] for x in stalled)
+                         for key in stalled[0]}
     for key in ("p50_ms", "p90_ms", "p99.9_ms", "max_ms", "cpu_share",
                 "broker_cpu_share"):
         if all(key in r for r in good):
@@ -598,6 +638,13 @@ def print_table(rate: int, by_client: dict[str, dict]) -> None:
               f"{p['diff_median_ms'] * 1000:+.0f} us (10th {p['diff_p10_ms'] * 1000:+.0f}, "
               f"90th {p['diff_p90_ms'] * 1000:+.0f}); pystream first for "
               f"{p['pystream_first']:.0%} of the messages")
+    for _name, r in by_client.items():
+        st = r.get("stalls")
+        if st:
+            print(f"   stalls of {r['label']} (messages {STALL_MS:g} ms or more after the "
+                  f"C reference's): {st['episodes']:g} episodes, {st['stalled_share']:.2%} "
+                  f"of the messages, {st['top1_stalled_share']:.0%} of its top 1 %, "
+                  f"longest {st['longest_ms']:.1f} ms")
 
 
 def check_targets(results: dict) -> list[dict]:

@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench.bench_latency import LATENCY_FACTOR, check_targets
+from bench.bench_latency import LATENCY_FACTOR, STALL_GAP, STALL_MS, check_targets
 from bench.cpu_class import EMULATIONS
 from bench.report_crc import crc_block
 from bench.report_distance import distance_block
@@ -370,6 +370,23 @@ def latency_block() -> str:
                            f"{p['diff_p90_ms'] * 1000:+.0f} us | "
                            f"{p['pystream_first']:.0%} |")
                 first = False
+    stalled = [(r, name, c["label"], c["stalls"]) for r, by in res["rates"].items()
+               for name, c in by.items() if c.get("stalls")]
+    if stalled:
+        out += ["", f"Where each tail comes from, where the clients read together: a "
+                f"message a client handed {STALL_MS:g} ms or more after the "
+                f"{REFERENCE_LABELS['latency']} did is stalled (its process not "
+                f"running, or not reading); stalled messages fewer than {STALL_GAP} "
+                "apart are one episode. Medians over the runs:", "",
+                "| rate | consumer | episodes | messages stalled | of its top 1 % "
+                "| longest |", "|---|---|---|---|---|---|"]
+        last = None
+        for r, name, label, st in stalled:
+            shown = f"**{label}**" if name == "pystream" else label
+            out.append(f"| {count(int(r)) + ' msg/s' if r != last else ''} | {shown} | "
+                       f"{st['episodes']:g} | {st['stalled_share']:.2%} | "
+                       f"{st['top1_stalled_share']:.0%} | {st['longest_ms']:.1f} ms |")
+            last = r
     out += ["", "Targets, as measured (medians of the runs' p99; \"below\" a peer is met only "
             "where the runs show it at 5 %: run by run, by a sign test, where the clients "
             "read together, else by a one-sided Mann-Whitney U test over the runs' p99s; "
