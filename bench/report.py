@@ -181,18 +181,25 @@ def how_fast_table(consume: dict | None, publish: dict | None,
 def how_fast_load(consume: dict | None, publish: dict | None, latency: dict | None) -> str:
     """The load average over every run of the headline's results."""
     lines = []
-    loads = [x[0] for res in (consume, publish, latency) if res
+    loads = [x[0] for res in (consume, publish) if res
              for run in all_runs(res) for x in run.get("load", []) if x]
+    cores = consume["machine"]["cores"] if consume else "?"
     if loads:
-        cores = consume["machine"]["cores"] if consume else "?"
         # A broker and a client keep the load near one per core; above two,
         # other work shared the machine.
         busy = not isinstance(cores, int) or max(loads) > cores * 2
         lines += ["", f"The load average (1 minute, {cores} "
                       f"cores) ranged from {min(loads):.1f} to {max(loads):.1f} during "
-                      "these runs" + (": the machine was shared with other builds and tests."
-                                      if busy else ", one benchmark at a time; the "
-                                      "brokers share the two cores with the clients.")]
+                      "the throughput runs" + (": the machine was shared with other "
+                                               "builds and tests."
+                                               if busy else ", one benchmark at a time; the "
+                                               "brokers share the two cores with the clients.")]
+    together = [x[0] for run in (all_runs(latency) if latency else [])
+                if run.get("together") for x in run.get("load", []) if x]
+    if together:
+        lines += ["", f"During the latency runs whose clients read together (every "
+                      f"consumer, the publisher and the broker at once on {cores} cores) "
+                      f"it ranged from {min(together):.1f} to {max(together):.1f}."]
     return "\n".join(lines) + "\n" if lines else ""
 
 
