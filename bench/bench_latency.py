@@ -81,14 +81,16 @@ consumers of a run are all subscribed at once (the order of subscribing
 turned from run to run) and read the same messages: whatever regime the
 broker and the publisher fall into in a run falls on all of them, and
 "below a peer" is judged run by run (a sign test over the runs) instead of
-across runs whose regimes differ. Reading the same messages, each client's
-latency is also set against the C reference's message by message: the
-messages it handed 2 ms or more later are its *stalls* (its process not
-running, or not reading), counted in episodes, with the share of its top
-1 % that lies in them: what decides a p99 on a shared machine. They then also share the two cores with
+across runs whose regimes differ. They then also share the two cores with
 each other, which at 100 k msg/s, where the peers fall seconds behind and
 take all the CPU they can, would measure the peers' load more than the
 latency: there the clients take turns.
+
+Reading the same messages, each client's latency is also set against the
+C reference's message by message: the messages it handed 2 ms or more
+later are its *stalls* (its process not running, or not reading), counted
+in episodes, with the share of its top 1 % that lies in them: what
+decides a p99 on a shared machine.
 """
 
 from __future__ import annotations
