@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 from . import locks
 from . import protocol as P
 from ._core import Chunk
-from .credit import Credit, subscribe_credit
-from .errors import ConnectionLost, NoOffset, StreamError
+from .credit import Credit
+from .errors import NoOffset, StreamError
 from .records import Filter
 from .retry import Backoff, retryable
 from .stream_subscription import End, Queued, Subscription, cost
+from .subscribing import Subscribing
 
 if TYPE_CHECKING:
     from .admin import Admin
@@ -68,6 +69,10 @@ class Subscriptions:
 
         self._lock = threading.RLock()  # the lock of _cond, for short holds
         self._cond = threading.Condition(self._lock)
+        self._broker = Subscribing(client, self._lock, name=name,
+                                   single_active=single_active,
+                                   super_stream=super_stream, filter=filter,
+                                   decode_options=decode_options)
         self._queue: deque[Queued | End] = deque()
         self._subs: dict[str, Subscription] = {}
         self._broken_subs: set[Subscription] = set()
@@ -91,7 +96,7 @@ class Subscriptions:
     def start(self, streams: list[str]) -> None:
         """Subscribe to ``streams`` and start the maintenance thread."""
         for s in streams:
-            self._subscribe(self._new_subscription(s))
+            self._broker.subscribe(self._new_subscription(s))
         locks.new_thread(self._maintain, "pystream-consumer").start()
 
     @property
@@ -438,7 +443,7 @@ class Subscriptions:
                             self.name, exc)
             self._stores_at_close.pop()
         for sub in subs:
-            self._unsubscribe(sub)
+            self._broker.unsubscribe(sub)
         self._closed_whole = True
 
     # --- subscribing ------------------------------------------------------------
@@ -455,103 +460,9 @@ class Subscriptions:
             position = start.value
         # Pinned after position: that stays None until the first chunk, as
         # for any "next" or "last" start.
-        sub = Subscription(self, stream, self._pinned(stream, start), position)
+        sub = Subscription(self, stream, self._broker.pinned(stream, start), position)
         self._subs[stream] = sub
         return sub
-
-    def _pinned(self, stream: str, start: P.OffsetSpec) -> P.OffsetSpec:
-        """``"next"`` and ``"last"`` as the offset they stand for now, where
-        the broker says (RabbitMQ 4.3+): a subscription that breaks before
-        its first chunk then starts again there, not at a later end of the
-        stream, which would skip what was stored while it was away. A
-        single active consumer starts where it is activated, not here."""
-        name = {P.OFFSET_NEXT: "next", P.OFFSET_LAST: "last"}.get(start.type)
-        if (name is None or self.single_active
-                or not self.client.supports("resolve_offset_spec")):
-            return start
-        try:
-            offset = self.client.resolve_offset(stream, name, filter=self.filter)
-        except NoOffset:
-            return start
-        return P.OffsetSpec(P.OFFSET_OFFSET, offset)
-
-    def _subscribe(self, sub: Subscription) -> P.OffsetSpec:
-        """Subscribe ``sub`` on a connection to a node holding its stream;
-        where it subscribed."""
-        with self._lock:
-            spec, rewinds = sub.resume_spec(), sub.rewinds
-        endpoint = self.client.locate(sub.stream)
-        conn = self.client.pool.acquire(endpoint, sub)
-        try:
-            start_offset = spec.value if spec.type == P.OFFSET_OFFSET else 0
-            sub_id = conn.add_subscription(sub, start_offset=start_offset,
-                                           **self._decode_options)
-        except BaseException:
-            self.client.pool.release(conn, sub)
-            raise
-        with self._lock:
-            stale = sub.rewinds != rewinds
-            if not stale:
-                sub.connection, sub.subscription_id = conn, sub_id
-                sub.live = True
-                now, after = subscribe_credit(sub.credit.start())
-        if stale:  # rewound meanwhile (_rewind): the next attempt starts there
-            conn.remove_subscription(sub_id, sub)
-            self.client.pool.release(conn, sub)
-            raise ConnectionLost(f"{sub.stream!r} was rewound while resubscribing")
-        try:
-            conn.request(lambda c: P.Subscribe(c, sub_id, sub.stream, spec,
-                                               now, self._properties()),
-                         f"subscribe to {sub.stream!r}")
-        except BaseException:
-            with self._lock:
-                sub.live = False
-            conn.remove_subscription(sub_id, sub)
-            self.client.pool.release(conn, sub)
-            sub.connection = None
-            raise
-        sub.stats.credit_granted += now
-        if after:
-            try:
-                conn.send(P.Credit(sub_id, after))
-                sub.stats.credit_granted += after
-            except StreamError:
-                # Deliveries on the initial credit may already have broken
-                # the connection: ``sub`` heard of it, and recovers or ends
-                # after handing over what it read.
-                pass
-        return spec
-
-    def _properties(self) -> dict[str, str]:
-        props: dict[str, str] = {}
-        if self.name is not None:
-            props["name"] = self.name
-        if self.single_active:
-            props["single-active-consumer"] = "true"
-            if self.super_stream is not None:
-                props["super-stream"] = self.super_stream
-        if self.filter is not None:
-            props.update(self.filter.properties())
-        return props
-
-    def _unsubscribe(self, sub: Subscription) -> None:
-        """Unsubscribe ``sub``, free its id and give its connection back.
-        Each step is done once however often this is called: one an
-        interrupt stopped (``close`` in the application's thread) is
-        finished by the next call."""
-        conn, sid = sub.connection, sub.subscription_id
-        if conn is not None:
-            if conn.is_open and conn.has_subscription(sid, sub):
-                try:
-                    conn.request(lambda c: P.Unsubscribe(c, sid),
-                                 f"unsubscribe from {sub.stream!r}", timeout=5.0)
-                except StreamError:
-                    pass  # going anyway
-            conn.remove_subscription(sid, sub)
-            with self._lock:
-                if sub.connection is conn:
-                    sub.connection = None
-        self.client.pool.release_all(sub)
 
     # --- maintenance thread -----------------------------------------------------
 
@@ -571,7 +482,7 @@ class Subscriptions:
                 self._maintenance.clear()
             if self._closed or self._ended:
                 for sub in list(self._subs.values()):
-                    self._unsubscribe(sub)
+                    self._broker.unsubscribe(sub)
                 if self._credit_writes is not None:
                     self._credit_writes.put(None)
                 return
@@ -590,11 +501,11 @@ class Subscriptions:
         for sub in broken:
             # The broker forgot the subscription if its connection or
             # stream went, not if it was rewound: Unsubscribe if still open.
-            self._unsubscribe(sub)
+            self._broker.unsubscribe(sub)
             try:
                 # Where it subscribed, not where it stood before: a rewind
                 # meanwhile moves the start.
-                spec = self._subscribe(sub)
+                spec = self._broker.subscribe(sub)
             except Exception as exc:
                 if not retryable(exc):  # e.g. the stream deleted
                     self._end(exc, after_queue=True)
