@@ -642,7 +642,7 @@ def test_an_unexpected_error_while_resubscribing_ends_the_consumer(
     the consumer ends with it, as a producer's recovery does, rather than
     its maintenance thread dying and the application waiting for records
     that never come."""
-    from pystream.subscription import Subscriptions
+    from pystream.subscribing import Subscribing
     publish(client, stream, [amqp_message(b"before")])
     with client.consumer(stream, offset="first") as consumer:
         assert consumer.read(1, timeout=10).column("body").to_pylist() == [b"before"]
@@ -650,7 +650,7 @@ def test_an_unexpected_error_while_resubscribing_ends_the_consumer(
         def broken(self, sub):
             raise ValueError("not a stream error")
 
-        monkeypatch.setattr(Subscriptions, "_subscribe", broken)
+        monkeypatch.setattr(Subscribing, "subscribe", broken)
         consumer._subs[stream].on_metadata_update(0x06)  # resubscribe
         with pytest.raises(ValueError, match="not a stream error"):
             consumer.read(1, timeout=10)
