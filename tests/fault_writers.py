@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 import random
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -196,7 +198,12 @@ def sink_config(stream: str, codec: str, producer_name: str,
 def password_file() -> Path:
     path = Path(tempfile.gettempdir()) / f"{USER}.password"
     if not path.exists():
-        path.write_text(PASSWORD)
+        # Whole or absent: the sink cells of a round make it at once, and a
+        # cell that found it created but not yet written read an empty
+        # password (an AuthenticationFailure before anything was written).
+        part = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+        part.write_text(PASSWORD)
+        os.replace(part, path)
     return path
 
 
