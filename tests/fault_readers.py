@@ -279,6 +279,9 @@ def cell_range(run: Run) -> None:
                     # while it is away (or just back).
                     held = True
                     run.midway()
+                    # In effect, not just begun: the command that pauses
+                    # the broker can take longer than HOLD on a busy machine.
+                    run.round.struck.wait(MIDWAY_WAIT)
                     run.round.ended.wait(HOLD)
             got = check.consumed
             if got < run.expected.sum():

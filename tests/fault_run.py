@@ -53,7 +53,7 @@ PARTITIONS = 3
 OVERLAP = 1000        # records a resumed producer sends again (deduplicated)
 SECOND_HALF = 3.0     # seconds over which the second half is published
 CANCELS = 40          # reads an asyncio cell cancels
-HOLD = 3.0            # seconds a range read waits for a broker fault to take effect
+HOLD = 3.0            # seconds a range read waits past a broker fault's start
 MIDWAY_WAIT = 60.0    # seconds a broker fault waits for every cell
 AFTER_FAULT = 90.0    # seconds every cell has to finish after the fault
 USER = "pystream-faults"
@@ -153,11 +153,15 @@ class Round:
         self.fault = fault
         self.began = threading.Event()   # the fault started (or, for the
         self.ended = threading.Event()   # application's faults, at once)
+        # The broker fault is in effect: paused, its connections closed,
+        # or restarted (set at once for the application's faults).
+        self.struck = threading.Event()
         self.runs: list[Run] = []
         self.fault_error: str | None = None
         self.ended_at = float("inf")
         if fault not in BROKER_FAULTS:
             self.began.set()
+            self.struck.set()
             self.end()
 
     def end(self) -> None:
@@ -176,17 +180,21 @@ class Round:
             if self.fault == "close":
                 run_broker("ctl", "modern", "close_all_user_connections", USER,
                            "fault matrix", timeout=120)
+                self.struck.set()
             elif self.fault == "pause":
                 run_broker("pause", "modern")
+                self.struck.set()
                 try:
                     time.sleep(PAUSE)
                 finally:
                     run_broker("resume", "modern")
             else:
                 run_broker("restart", "modern")
+                self.struck.set()
         except subprocess.CalledProcessError as exc:
             self.fault_error = f"scripts/broker failed: {exc.stderr[-500:]}"
         finally:
+            self.struck.set()
             self.end()
 
 
