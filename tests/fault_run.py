@@ -180,17 +180,15 @@ class Round:
             if self.fault == "close":
                 run_broker("ctl", "modern", "close_all_user_connections", USER,
                            "fault matrix", timeout=120)
-                self.struck.set()
             elif self.fault == "pause":
                 run_broker("pause", "modern")
-                self.struck.set()
+                self.struck.set()  # paused; the others strike as they return
                 try:
                     time.sleep(PAUSE)
                 finally:
                     run_broker("resume", "modern")
             else:
                 run_broker("restart", "modern")
-                self.struck.set()
         except subprocess.CalledProcessError as exc:
             self.fault_error = f"scripts/broker failed: {exc.stderr[-500:]}"
         finally:
