@@ -41,6 +41,7 @@ from .handshake import handshake
 from .receiver import Receiver
 from .routing import FrameHandler, FrameRoutes, PublisherSink, SubscriptionSink
 from .tls import certificate_error
+from .tls_channel import TlsChannel
 from .uri import BrokerAddress
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class Connection:
         self.heartbeats_received = 0
 
         self._sock: socket.socket | None = None
+        self._tls: TlsChannel | None = None  # the TLS layer of _sock, if any
         self._reader_thread: threading.Thread | None = None
         self.max_deliver_size = max_deliver_size
         self._reader = StreamDecoder(self._frame_limit(frame_max))
@@ -175,8 +177,11 @@ class Connection:
                 self._close_socket()
                 raise ConnectionLost(f"TLS handshake with "
                                      f"{self.address.uri()} failed: {exc}") from exc
-        sock.settimeout(None)  # the reader thread blocks; close() unblocks it
-        self._receiver.attach(sock, tls=self.ssl_context is not None)
+        if isinstance(sock, ssl.SSLSocket):
+            self._tls = TlsChannel(sock)
+        else:
+            sock.settimeout(None)  # the reader thread blocks; close() unblocks it
+        self._receiver.attach(sock, tls=self._tls)
 
     def _handshake(self) -> None:
         done = handshake(self, self.address, self._tune,
@@ -242,12 +247,10 @@ class Connection:
                 sock = self._sock
                 if sock is None:
                     raise OSError("socket is closed")
-                if self.ssl_context is None:
+                if self._tls is None:
                     send_all(sock.fileno(), data, progress)
                 else:
-                    progress[0] = -1
-                    sock.sendall(data)
-                    progress[0] = len(memoryview(data))
+                    self._tls.send_all(data, progress)
                 self._last_write = time.monotonic()
         except OSError as exc:
             err = ConnectionLost(f"send to {self.address.uri()} failed: {exc}")
@@ -490,7 +493,10 @@ class Connection:
         if sock is None:
             return
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            if self._tls is not None:
+                self._tls.shutdown()
+            else:
+                sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         if self._reader_thread is None:

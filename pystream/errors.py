@@ -34,7 +34,8 @@ class ConnectionLost(StreamError):
 class SendInterrupted(ConnectionLost):
     """A ``KeyboardInterrupt`` (or another exception raised by a signal
     handler) stopped this thread's send on a connection after part of
-    its frames went (a producer's send of a batch: at any point): part of
+    its frames went (or, over TLS, while the TLS layer held part of them;
+    a producer's send of a batch: at any point): part of
     a frame may be on the wire, and the next frame must not follow it, so
     the connection ends. A producer sends its unconfirmed batches again from
     a new one (once each with a ``name``), a consumer resubscribes from

@@ -21,6 +21,7 @@ from . import locks
 from ._core import StreamDecoder
 from .errors import ConnectionLost, ProtocolError, ReadInterrupted
 from .readturn import ReadTurn
+from .tls_channel import TlsChannel
 
 # The most one read takes: the decoder checks the CRC of what a read brought
 # of a chunk right after it (StreamDecoder.commit), while it is still in the
@@ -49,7 +50,7 @@ class Receiver:
         self._shutdown = shutdown
         self._close = close
         self._sock: socket.socket | None = None
-        self._tls = False
+        self._tls: TlsChannel | None = None
         self._turn: ReadTurn | None = None  # who reads the socket (see readturn)
         self._committed = False  # every byte read is in the decoder's buffer
         # Taken (popped) by the reader thread as it begins, or by ``abandon``
@@ -57,12 +58,12 @@ class Receiver:
         # the socket at the end, and only they.
         self._unclaimed = [True]
 
-    def attach(self, sock: socket.socket, *, tls: bool) -> None:
+    def attach(self, sock: socket.socket, *, tls: TlsChannel | None) -> None:
         """Read ``sock`` from now on (once connected, before ``run``). A TLS
         socket has no turn: bytes may wait in the TLS layer, unpolled, so
         only the reader thread reads it."""
         self._sock, self._tls = sock, tls
-        if not tls:
+        if tls is None:
             self._turn = ReadTurn(sock.fileno())
 
     # --- the reader thread ----------------------------------------------------------
@@ -75,7 +76,7 @@ class Receiver:
             return  # abandoned before this thread began
         sock, turn = self._sock, self._turn
         assert sock is not None
-        first = not self._tls
+        first = self._tls is None
         try:
             while True:
                 if turn is None:
@@ -129,14 +130,16 @@ class Receiver:
         decoder = self._decoder
         view = decoder.writable()  # whatever is there
         room = len(view)
-        n = sock.recv_into(view, READ_SLICE if room > READ_SLICE else room)
+        size = READ_SLICE if room > READ_SLICE else room
+        tls = self._tls
+        n = sock.recv_into(view, size) if tls is None else tls.recv_into(view, size)
         if n == 0:
             raise ConnectionLost(f"{self._uri} closed the socket")
         if first:
             self._check_not_tls(view[:n])
         decoder.commit(n)
         # The TLS layer reads through its own object: no waiting below.
-        if self._tls:
+        if tls is not None:
             self._drain()
             return
         # A read that brought only the start of a frame (a broker writes a

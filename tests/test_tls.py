@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 import secrets
 import ssl
+import threading
 import time
 import uuid
 
@@ -206,3 +207,52 @@ def test_closed_connection_never_reads_the_next_ones_handshake(tls_dir):
         old._fail(None)
         new.open()
         new.close()
+
+
+def test_no_two_threads_are_ever_inside_one_connections_tls_layer(
+        tls_dir, stream_name, monkeypatch):
+    """OpenSSL allows one thread at a time in an SSL object: an SSL_read
+    in the reader thread beside an SSL_write in a sender may corrupt its
+    state (and crash the process), and the ssl module takes no lock. With
+    a producer and a consumer on TLS connections, each connection read by
+    its reader thread (confirms, deliveries) while senders write (publish,
+    credit, heartbeats), no call into an SSLSocket runs while another
+    thread's call into the same one does; and every record comes back.
+    (Before, the reader thread waited inside recv_into while senders
+    wrote: thousands of overlaps a run.)"""
+    guard = threading.Lock()
+    inside: dict[int, dict[int, int]] = {}  # socket -> thread -> depth
+    overlaps: list[str] = []
+
+    def tracked(method):
+        def call(self, *args, **kwargs):
+            me = threading.get_ident()
+            with guard:
+                threads = inside.setdefault(id(self), {})
+                if any(depth for t, depth in threads.items() if t != me):
+                    overlaps.append(method.__name__)
+                threads[me] = threads.get(me, 0) + 1
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                with guard:
+                    inside[id(self)][me] -= 1
+        return call
+
+    for name in ("recv_into", "recv", "read", "send", "sendall", "write"):
+        monkeypatch.setattr(ssl.SSLSocket, name, tracked(getattr(ssl.SSLSocket, name)))
+    batches, size = 200, 500
+    with pystream.connect(TLS_URI, ssl_context=ca_context(tls_dir)) as client:
+        client.create_stream(stream_name)
+        try:
+            with client.producer(stream_name) as producer, \
+                    client.consumer(stream_name, offset="first") as consumer:
+                sends = [producer.send_batch([b"%d-%d" % (i, j) for j in range(size)])
+                         for i in range(batches)]
+                read = consumer.read(batches * size, timeout=60)
+                assert [s.result(30) for s in sends][-1] == batches * size  # the last id
+            assert read.num_rows == batches * size
+            assert read.column("offset").to_pylist() == list(range(batches * size))
+        finally:
+            client.delete_stream(stream_name)
+    assert not overlaps, f"{len(overlaps)} calls overlapped another thread's: {overlaps[:5]}"
