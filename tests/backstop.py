@@ -35,6 +35,17 @@ def _timeout(item: pytest.Item) -> float:
         return 0.0
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """A crash (SIGSEGV, SIGABRT) dumps the crashing thread's stack only,
+    on pytest's own copy of stderr: CI's log is read with its middle cut,
+    where all threads' stacks put the one that matters."""
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+    fd = config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.enable(file=fd, all_threads=False)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item,
                             nextitem: pytest.Item | None) -> Iterator[None]:

@@ -28,7 +28,7 @@ import pytest
 import pystream
 
 from . import brokers, leftovers
-from .backstop import pytest_runtest_protocol  # noqa: F401 (a hook: a hung run ends)
+from .backstop import pytest_configure, pytest_runtest_protocol  # noqa: F401 (hooks: a hung run ends, a crash says where)
 from .certificates import CLIENT_CN, ensure_certificates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
