@@ -7,12 +7,32 @@ import json
 import re
 from pathlib import Path
 
+from bench.cpu_class import EMULATIONS
+
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# What the C wire client's rows are called: references to measure against,
+# not bounds (clients beat them: guard_reference refuses a bound's name then).
+REFERENCE_LABELS = {"consume": "C reference reader", "publish": "C reference publisher",
+                    "latency": "C reference latency", "how-fast": "C reference"}
 
 
 def load(name: str) -> dict | None:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def stored(name: str) -> list[dict]:
+    """The results of ``name``: the latest run (``<name>.json``), then those
+    kept from runs on other CPU classes (``tools.results.class_path``),
+    then the same for each class emulated (``<name>-<class>.json``, see
+    bench/cpu_class)."""
+    found = []
+    for base in [name, *(f"{name}-{e}" for e in EMULATIONS)]:
+        found.append(load(base))
+        found += [load(p.stem) for p in sorted(RESULTS.glob(f"{base}.*.json"))]
+    return [res for res in found if res]
 
 
 # --- formats ------------------------------------------------------------------

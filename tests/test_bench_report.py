@@ -158,6 +158,7 @@ def test_a_reference_beaten_under_the_name_of_a_bound_is_refused(monkeypatch):
         return {**res, "rows": rows}
 
     monkeypatch.setattr(report, "load", beaten)
+    monkeypatch.setattr(report_format, "load", beaten)
     for block in ("consume", "publish", "latency"):
         assert "no stored results" not in report.BLOCKS[block]()
     old = {"consume": "C wire limit", "publish": "C publish limit", "latency": "C floor"}
@@ -182,10 +183,11 @@ def test_every_figure_names_its_cpu_class(monkeypatch):
         "CPU class unknown (recorded as: AMD EPYC)"
     stored = {name: report_format.load(name) for name in ("consume", "publish", "latency")}
     one = report.how_fast()
-    emulated = sum(bool(report_format.load(f"consume-{e}")) for e in report.EMULATIONS)
-    # One table per CPU class the stored headline results came from.
-    measured_on = {report_format.cpu_class(res["machine"]) for res in stored.values() if res}
-    assert one.count("| msg/s, or p99 latency; ") == len(measured_on) + emulated
+    # One table per CPU class the stored headline results came from (the
+    # latest runs, those kept from other classes, the emulated classes).
+    measured_on = {report_format.cpu_class(res["machine"])
+                   for name in stored for res in report_format.stored(name)}
+    assert one.count("| msg/s, or p99 latency; ") == len(measured_on)
     classes = {"consume": "x86-64 AVX-512+VPCLMUL", "publish": "x86-64 AVX2+PCLMUL",
                "latency": None}  # None: stored before the flags were recorded
 
@@ -199,6 +201,7 @@ def test_every_figure_names_its_cpu_class(monkeypatch):
         return {**res, "machine": machine}
 
     monkeypatch.setattr(report, "load", load)
+    monkeypatch.setattr(report_format, "load", load)
     two = report.how_fast()
     heads = [x for x in two.splitlines() if x.startswith("| msg/s, or p99 latency; ")]
     assert [h.split(" | ")[0] for h in heads] == [
@@ -271,6 +274,7 @@ def test_a_stored_verdict_of_met_is_judged_again(monkeypatch):
             "targets": [{"rate": 1000, "against": "rbfly", "pystream_p99_ms": 2.54,
                          "other_p99_ms": 2.54, "met": True}]}
     monkeypatch.setattr(report, "load", lambda name: fake if name == "latency" else None)
+    monkeypatch.setattr(report_format, "load", lambda name: fake if name == "latency" else None)
     text = report.targets_block()
     assert "rbfly 0.10.0's 2.54 ms (target: lower): **not met**" in text
 
@@ -318,3 +322,45 @@ def test_each_emulated_class_is_judged_by_its_share_and_its_cpu(monkeypatch):
     assert "3.00x the C reader's (target at most 2.5x): **not met**" in lines[0]
     assert "at 80 %" in lines[1] and "target 85 %): **not met**" in lines[1]
     assert "1.50x the C reader's (target at most 2.5x): met" in lines[1]
+
+
+def test_a_run_on_another_cpu_class_keeps_the_results_it_replaces(tmp_path):
+    """Results stored from one CPU class are not lost to a run on another
+    (sessions get machines of different classes): they move to their
+    class's file, which the next run of that class replaces again."""
+    import json
+    path = tmp_path / "latency.json"
+    avx2, avx512 = "x86-64 AVX2+VPCLMUL", "x86-64 AVX-512+VPCLMUL"
+    results.write_results(str(path), {"cpu_class": avx2}, {"run": 1})
+    results.write_results(str(path), {"cpu_class": avx512}, {"run": 2})
+    kept = tmp_path / "latency.x86-64-avx2-vpclmul.json"
+    assert results.class_path(path, avx2) == kept
+    assert json.loads(kept.read_text())["run"] == 1
+    assert json.loads(path.read_text())["run"] == 2
+    results.write_results(str(path), {"cpu_class": avx512}, {"run": 3})
+    assert json.loads(kept.read_text())["run"] == 1  # same class: replaced in place
+    results.write_results(str(path), {"cpu_class": avx2}, {"run": 4})
+    assert json.loads(path.read_text())["run"] == 4
+    assert not kept.exists()  # superseded by the newer run of its class
+    other = tmp_path / "latency.x86-64-avx-512-vpclmul.json"
+    assert json.loads(other.read_text())["run"] == 3
+
+
+def test_latency_of_each_cpu_class_has_its_own_section(monkeypatch, tmp_path):
+    """With latency results of two classes stored, the latency block has a
+    section per class, each headed by it, and the targets name the class."""
+    import json
+    real = report_format.load("latency")
+    assert real is not None
+    other = {**real, "machine": {**real["machine"], "cpu_class": "x86-64 AVX2+PCLMUL"}}
+    (tmp_path / "latency.json").write_text(json.dumps(real))
+    results.write_results(str(tmp_path / "latency.x86-64-avx2-pclmul.json"),
+                          other["machine"], {k: v for k, v in other.items() if k != "machine"})
+    monkeypatch.setattr(report_format, "RESULTS", tmp_path)
+    block = report.BLOCKS["latency"]()
+    heads = [x for x in block.splitlines() if x.startswith("CPU class ")]
+    assert heads == [f"CPU class {real['machine']['cpu_class']}:",
+                     "CPU class x86-64 AVX2+PCLMUL:"]
+    targets = [x for x in report.targets_block().splitlines() if x.startswith("- latency")]
+    assert targets and all("x86-64" in x for x in targets)
+    assert sum("AVX2+PCLMUL" in x for x in targets) == len(targets) // 2

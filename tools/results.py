@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -154,10 +155,28 @@ def machine(uri: str | None) -> dict:
     }
 
 
+def class_path(path: Path, cls: str) -> Path:
+    """Where the results of ``path`` measured on CPU class ``cls`` are kept
+    once a run on another class took ``path``: ``latency.json`` of
+    "x86-64 AVX2+VPCLMUL" goes to ``latency.x86-64-avx2-vpclmul.json``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", cls.lower()).strip("-")
+    return path.with_name(f"{path.stem}.{slug}{path.suffix}")
+
+
 def write_results(path: str | None, info: dict, body: dict) -> None:
+    """Store a run's results at ``path``. Those it replaces stay, at
+    ``class_path``, when they came from another CPU class (the project's
+    machines are not all of one): each class keeps its latest."""
     if not path:
         return
     info = {**info, "loadavg_end": loadavg()}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"machine": info, **body}, indent=1) + "\n")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cls = info.get("cpu_class")
+    if out.exists() and cls:
+        before = json.loads(out.read_text()).get("machine", {}).get("cpu_class")
+        if before and before != cls:
+            out.replace(class_path(out, before))
+        class_path(out, cls).unlink(missing_ok=True)  # superseded by this run
+    out.write_text(json.dumps({"machine": info, **body}, indent=1) + "\n")
     print(f"results written to {path}", flush=True)
