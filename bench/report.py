@@ -34,6 +34,7 @@ from bench.report_format import (
     cpu_class,
     failures,
     guard_reference,
+    kept,
     load,
     load_range,
     machine_line,
@@ -321,11 +322,13 @@ def consume_targets(res: dict, target: float, cpu_factor: float | None = None,
 
 def targets_block() -> str:
     """Each throughput target with its measured ratio."""
-    consume, publish = load("consume"), load("publish")
-    out = consume_targets(consume, CONSUME_TARGET) if consume else []
+    publish = load("publish")
+    measured = [res for res in (load("consume"), *kept("consume")) if res]
+    out = []
+    for res in measured:
+        out += consume_targets(res, CONSUME_TARGET, named=len(measured) > 1)
     for emulation in EMULATIONS:
-        other = load(f"consume-{emulation}")
-        if other:
+        for other in filter(None, (load(f"consume-{emulation}"), *kept(f"consume-{emulation}"))):
             out += consume_targets(other, CLASS_CONSUME_TARGET, CLASS_CPU_FACTOR, named=True)
     if publish:
         kinds = (("pystream", "a list of bytes"), ("pystream-arrow", "an arrow array"))

@@ -30,9 +30,13 @@ def stored(name: str) -> list[dict]:
     bench/cpu_class)."""
     found = []
     for base in [name, *(f"{name}-{e}" for e in EMULATIONS)]:
-        found.append(load(base))
-        found += [load(p.stem) for p in sorted(RESULTS.glob(f"{base}.*.json"))]
+        found += [load(base), *kept(base)]
     return [res for res in found if res]
+
+
+def kept(name: str) -> list[dict | None]:
+    """The results of ``name`` kept from runs on other CPU classes."""
+    return [load(p.stem) for p in sorted(RESULTS.glob(f"{name}.*.json"))]
 
 
 # --- formats ------------------------------------------------------------------
