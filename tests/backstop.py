@@ -40,7 +40,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """A crash (SIGSEGV, SIGABRT) dumps the crashing thread's stack only,
     on pytest's own copy of stderr: CI's log is read with its middle cut,
     where all threads' stacks put the one that matters."""
-    from _pytest.faulthandler import fault_handler_stderr_fd_key
+    try:
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+    except ImportError:  # another pytest's internals: keep its own dump
+        return
     fd = config.stash.get(fault_handler_stderr_fd_key, None)
     if fd is not None:
         faulthandler.enable(file=fd, all_threads=False)

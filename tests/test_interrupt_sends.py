@@ -11,6 +11,8 @@ the connection rather than let the next frame follow the cut one.
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ from pystream import locks
 from pystream._core import send_all
 from pystream.confirms import CallbackThread, ConfirmFuture
 
-from .conftest import MODERN_URI
+from .conftest import MODERN_URI, TLS_URI
 
 # client: the module's fixture, shared
 from .test_interrupt_points import Interrupter, bodies, client, faults, sweep  # noqa: F401
@@ -50,18 +52,29 @@ def stored(client: pystream.Client, stream: str,  # noqa: F811
     return [bytes(b) for b in table.column("body").to_pylist()]
 
 
-@pytest.mark.parametrize("compression,fault", [
-    (None, None), ("zstd", None), (None, "close"), ("zstd", "close")])
+@pytest.mark.parametrize("compression,fault,tls", [
+    (None, None, False), ("zstd", None, False), (None, "close", False),
+    ("zstd", "close", False), (None, None, True), (None, "close", True)])
 def test_an_interrupt_at_any_point_of_a_send_publishes_each_batch_once(
         client: pystream.Client, stream: str, compression: str | None,  # noqa: F811
-        fault: str | None) -> None:
+        fault: str | None, tls: bool, request: pytest.FixtureRequest) -> None:
     """Also while the broker closes the producer's connections again and
-    again (``fault="close"``): interrupts land in its recoveries too."""
+    again (``fault="close"``): interrupts land in its recoveries too; and
+    over TLS, where a send goes through the TLS layer's turns with the
+    reader thread (``TlsChannel``)."""
     # Compressed, a batch is one sub-entry: one publishing id.
     ids = PER_BATCH if compression is None else 1
     connections: set[int] = set()
-    with client.producer(stream, name=stream, compression=compression) as producer, \
-            faults(fault):
+    with contextlib.ExitStack() as stack:
+        if tls:
+            context = ssl.create_default_context(
+                cafile=request.getfixturevalue("tls_dir") / "ca.pem")
+            sender = stack.enter_context(pystream.connect(TLS_URI, ssl_context=context))
+        else:
+            sender = client
+        producer = stack.enter_context(
+            sender.producer(stream, name=stream, compression=compression))
+        stack.enter_context(faults(fault))
         state = {"next": 0}
 
         def call() -> bool:
