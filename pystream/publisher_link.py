@@ -150,7 +150,10 @@ class PublisherLink:
                          (cause,)).start()
 
     def _recover(self, cause: str) -> None:
-        self.disconnect(delete=False)
+        # Deleted on a connection still open (a loss it did not cause, told
+        # late): the broker refuses a second publisher of one name on a
+        # connection (PreconditionFailed), and the pool may hand it back.
+        self.disconnect(delete=True)
         started = time.monotonic()
         backoff = Backoff(self.recovery_timeout)
         backoff.start()
@@ -178,7 +181,7 @@ class PublisherLink:
                 log.info("producer of stream %r lost again while recovering "
                          "(%s): reconnecting once more", self.stream,
                          again.replace("_", " "))
-                self.disconnect(delete=False)
+                self.disconnect(delete=True)
                 time.sleep(backoff.failed())
             except Exception as exc:
                 if not retryable(exc):  # e.g. the stream deleted, a password changed
@@ -187,7 +190,7 @@ class PublisherLink:
                 if backoff.expired():
                     self._fail(backoff.final(self.stream, exc))
                     return
-                self.disconnect(delete=False)
+                self.disconnect(delete=True)
                 time.sleep(backoff.failed())
 
     def _recovered(self, cause: str, first: int | None, batches: int,
