@@ -21,6 +21,7 @@ from .errors import ProtocolError, TruncatedFrame
 from .wire import (
     BYTES,
     I64,
+    NULLABLE_STRING,
     OFFSET_FIRST,
     OFFSET_LAST,
     OFFSET_NEXT,
@@ -145,7 +146,7 @@ class DeclarePublisher(Request):
     publisher_id: int
     reference: str | None
     stream: str
-    FIELDS = (CORR, ("publisher_id", U8), ("reference", STRING),
+    FIELDS = (CORR, ("publisher_id", U8), ("reference", NULLABLE_STRING),
               ("stream", STRING))
 
 
@@ -165,8 +166,8 @@ class FilteredMessage:
     publishing_id: int
     filter_value: str | None
     data: bytes
-    FIELDS: ClassVar[Fields] = (("publishing_id", U64), ("filter_value", STRING),
-              ("data", BYTES))
+    FIELDS: ClassVar[Fields] = (("publishing_id", U64),
+                                ("filter_value", NULLABLE_STRING), ("data", BYTES))
 
 
 # 0x0002 (v2 adds a filter value per message, RabbitMQ 3.13+)

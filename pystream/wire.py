@@ -102,25 +102,46 @@ I16, I32, I64 = Int("h"), Int("i"), Int("q")
 
 
 class String(WireType):
-    def write(self, w: Writer, value: str | None) -> None:
-        if value is None:
-            w.pack(I16.st, -1)
-            return
+    """A string the protocol never leaves null: a null from the broker is a
+    protocol error here rather than a ``None`` that fails far away."""
+
+    def write(self, w: Writer, value: str) -> None:
         data = value.encode()
         if len(data) > 0x7FFF:
             raise ValueError(f"string of {len(data)} bytes exceeds 32767")
         w.pack(I16.st, len(data))
         w.out += data
 
-    def read(self, r: Reader) -> str | None:
+    def read(self, r: Reader) -> str:
         n = I16.read(r)
         if n < 0:
-            return None
+            raise ProtocolError(f"{r.what}: null where a string is required",
+                                position=r.pos - 2)
         try:
             return str(r.take(n), "utf-8")
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"{r.what}: string is not UTF-8",
                                 position=r.pos - n) from exc
+
+
+class NullableString(WireType):
+    """A string that may be null (length -1): a publisher's reference, a
+    message's filter value."""
+
+    def __init__(self) -> None:
+        self.inner = String()
+
+    def write(self, w: Writer, value: str | None) -> None:
+        if value is None:
+            w.pack(I16.st, -1)
+        else:
+            self.inner.write(w, value)
+
+    def read(self, r: Reader) -> str | None:
+        if r.remaining() >= 2 and I16.st.unpack_from(r.buf, r.pos)[0] < 0:
+            r.pos += 2
+            return None
+        return self.inner.read(r)
 
 
 class Bytes(WireType):
@@ -136,7 +157,7 @@ class Bytes(WireType):
         return None if n < 0 else bytes(r.take(n))
 
 
-STRING, BYTES = String(), Bytes()
+STRING, NULLABLE_STRING, BYTES = String(), NullableString(), Bytes()
 
 
 class Array(WireType):
@@ -257,7 +278,7 @@ class RouteStreams(WireType):
     def write(self, w: Writer, value: tuple[str, ...]) -> None:
         Array(STRING).write(w, value)
 
-    def read(self, r: Reader) -> tuple[str | None, ...]:
+    def read(self, r: Reader) -> tuple[str, ...]:
         if r.remaining() >= 2:
             n = I16.st.unpack(r.buf[r.pos:r.pos + 2])[0]
             if n + 2 == r.remaining():  # an array needs at least 4 bytes

@@ -51,3 +51,13 @@ def test_the_dispatch_harness_runs_its_seeds_and_kept_corpus(
     assert len(found) > 20
     for data in [b"", *found]:
         harness.test_one_input(data)
+
+
+def test_inputs_that_once_crashed_the_harness_are_typed_errors_now(
+        harness: types.ModuleType) -> None:
+    """Each file in tests/data/fuzz-crashes is an input the fuzzer found (a
+    broker offering a null SASL mechanism, ...): replayed on every run."""
+    crashes = sorted((ROOT / "tests" / "data" / "fuzz-crashes").glob("dispatch-*"))
+    assert crashes
+    for path in crashes:
+        harness.test_one_input(path.read_bytes())

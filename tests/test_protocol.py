@@ -204,8 +204,19 @@ def test_lying_array_count():
 
 
 def test_negative_lengths_are_null_or_errors():
+    """A null is a value only where the protocol allows one (a publisher's
+    reference, a filter value); elsewhere it is a protocol error at its
+    position, not a ``None`` that a caller trips over later."""
     body = bytes.fromhex("0011" "0001" "00000001" "00000001" "ffff" "0001") + b"x"
-    assert P.decode(body) == P.PeerProperties(1, {None: "x"})
+    with pytest.raises(ProtocolError, match="null where a string") as caught:
+        P.decode(body)
+    assert caught.value.position == 12
+    mechanisms = bytes.fromhex("8012" "0001" "00000001" "0001"
+                               "00000002" "0005") + b"PLAIN" + bytes.fromhex("ffff")
+    with pytest.raises(ProtocolError, match="null where a string"):
+        P.decode(mechanisms)
+    anonymous = P.DeclarePublisher(3, 1, None, "s")
+    assert P.decode(P.encode(anonymous)[4:]) == anonymous
     with pytest.raises(TruncatedFrame):
         P.decode(bytes.fromhex("0011" "0001" "00000001" "ffffffff"))
 
