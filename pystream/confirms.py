@@ -27,6 +27,7 @@ import pyarrow as pa
 from . import locks
 from . import protocol as P
 from .errors import PublisherDoesNotExist, PublishError
+from .publish_frames import join_publish_frames, publish_frames
 
 if TYPE_CHECKING:
     from .metrics import PublisherStats
@@ -210,11 +211,11 @@ class _Batch:
         messages twice for an unnamed producer."""
         keep = []
         entry = 0
-        for frame, count in P.publish_frames(memoryview(self.frames)):
+        for frame, count in publish_frames(memoryview(self.frames)):
             if not self.settled[entry:entry + count].all():
                 keep.append(frame)
             entry += count
-        return P.join_publish_frames(keep, publisher_id)
+        return join_publish_frames(keep, publisher_id)
 
 
 class Confirms:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from . import locks, metrics
 from . import protocol as P
 from .errors import ConnectionClosed, StreamError
+from .publish_frames import confirmed_ids
 from .retry import Backoff, retryable
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class PublisherLink:
 
     def on_confirm(self, frame: memoryview) -> None:
         """A PublishConfirm frame: its publishing ids settle their futures."""
-        self._confirms.confirmed(P.confirmed_ids(frame))
+        self._confirms.confirmed(confirmed_ids(frame))
 
     def on_publish_error(self, errors: tuple[P.PublishingError, ...]) -> None:
         """PublishError entries: their futures raise ``PublishError`` with

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from . import protocol as P
 from ._core import Chunk, StreamDecoder
 from .errors import ConnectionClosed, StreamError
+from .publish_frames import CONFIRM_PUBLISHER_ID_AT
 
 FrameHandler = Callable[[memoryview], None]
 
@@ -159,9 +160,9 @@ class FrameRoutes:
         if handler is not None:
             handler(frame)
             return True
-        if key == P.PublishConfirm.KEY and len(frame) > P.CONFIRM_PUBLISHER_ID_AT:
+        if key == P.PublishConfirm.KEY and len(frame) > CONFIRM_PUBLISHER_ID_AT:
             # Confirms are parsed by the producer (vectorised), not here.
-            publisher = self._publishers.get(frame[P.CONFIRM_PUBLISHER_ID_AT])
+            publisher = self._publishers.get(frame[CONFIRM_PUBLISHER_ID_AT])
             if publisher is not None:
                 publisher.on_confirm(frame)
                 return True

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pystream import protocol as P
 from pystream._core import decode, encode_publish, murmur3_32, schema
 from pystream.errors import TruncatedFrame
+from pystream.publish_frames import join_publish_frames, publish_frames
 
 from .golden import amqp_data, chunk, deliver
 
@@ -173,15 +174,15 @@ def test_publish_frames_splits_and_readdresses_the_encoders_frames():
     """What a recovering producer sends again: some of a batch's frames,
     now from the publisher id of the new connection."""
     frames, counts = encode_publish(3, 10, [b"x" * 100] * 50, max_frame_size=1000)
-    split = list(P.publish_frames(memoryview(frames)))
+    split = list(publish_frames(memoryview(frames)))
     assert [bytes(f[4:]) for f, _ in split] == split_frames(frames)
     assert sum(n for _, n in split) == len(counts) and len(split) > 2
-    again = P.join_publish_frames([split[0][0], split[2][0]], 9)
+    again = join_publish_frames([split[0][0], split[2][0]], 9)
     cmds = [P.decode(f) for f in split_frames(again)]
     assert [c.publisher_id for c in cmds] == [9, 9]
     assert [c.messages[0].publishing_id for c in cmds] == [10, 10 + split[0][1] + split[1][1]]
     with pytest.raises(TruncatedFrame):
-        list(P.publish_frames(memoryview(bytes(frames)[:-1])))
+        list(publish_frames(memoryview(bytes(frames)[:-1])))
 
 
 def test_no_messages():

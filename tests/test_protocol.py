@@ -6,6 +6,7 @@ import pytest
 
 from pystream import protocol as P
 from pystream.errors import ProtocolError, TruncatedFrame
+from pystream.publish_frames import CONFIRM_PUBLISHER_ID_AT, confirmed_ids
 
 OFF = P.OffsetSpec(P.OFFSET_OFFSET, 42)
 
@@ -240,9 +241,9 @@ def test_confirmed_ids_reads_the_array_the_broker_sends():
     count, u64 ids), and refused when the count runs past the frame."""
     ids = (1, 2 ** 63 - 1, 5)
     frame = struct.pack(">HHBI3Q", 0x0003, 1, 7, 3, *ids)
-    assert frame[P.CONFIRM_PUBLISHER_ID_AT] == 7
-    assert P.confirmed_ids(memoryview(frame)).tolist() == list(ids)
+    assert frame[CONFIRM_PUBLISHER_ID_AT] == 7
+    assert confirmed_ids(memoryview(frame)).tolist() == list(ids)
     assert P.decode(frame) == P.PublishConfirm(7, ids)
     for short in (frame[:8], frame[:-1]):
         with pytest.raises(TruncatedFrame):
-            P.confirmed_ids(memoryview(short))
+            confirmed_ids(memoryview(short))
