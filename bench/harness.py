@@ -326,7 +326,7 @@ def run_child(cmd: list[str], timeout: float, uri: str) -> dict:
 
 def stream_end(uri: str, stream: str) -> int:
     """The offset after the stream's last record (pystream.ranges)."""
-    from pystream.ranges import stream_bounds
+    from pystream.bounds import stream_bounds
     return admin(uri, lambda client: stream_bounds(client, stream).end)
 
 

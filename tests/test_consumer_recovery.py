@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 import pystream
 import pystream.aio
 from pystream import ConnectionLost, Credit
-from pystream.ranges import stream_bounds
+from pystream.bounds import stream_bounds
 
 from .conftest import MODERN_URI, broker_ctl, run_broker
 from .leftovers import MEMORY_STREAM, RECOVERY_STREAM, RSS_STREAM

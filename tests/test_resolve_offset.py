@@ -10,16 +10,10 @@ import time
 import pytest
 
 import pystream
+from pystream.bounds import StreamBounds, offset_at, stream_bounds
 from pystream.errors import StreamDoesNotExist, UnsupportedFeature
 from pystream.features import COMMAND_KEY
-from pystream.ranges import (
-    StreamBounds,
-    offset_at,
-    plan_ranges,
-    read_range,
-    resolve,
-    stream_bounds,
-)
+from pystream.ranges import plan_ranges, read_range, resolve
 
 from .conftest import LEGACY_URI, MODERN_URI
 from .waiting import wait_until

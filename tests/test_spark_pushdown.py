@@ -18,7 +18,8 @@ from pyspark.sql.datasource import (
 )
 
 import pystream
-from pystream.ranges import OffsetRange, StreamBounds
+from pystream.bounds import StreamBounds
+from pystream.ranges import OffsetRange
 from pystream.spark import RabbitMQStreamDataSource
 from pystream.spark.datasource import _Config, _PushingBatchReader
 from pystream.spark.pushdown import Pushed

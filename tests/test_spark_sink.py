@@ -35,7 +35,8 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 import pystream
 from pystream import ExactlyOnceError, Producer
-from pystream.ranges import read_range, stream_bounds
+from pystream.bounds import stream_bounds
+from pystream.ranges import read_range
 from pystream.spark import sink as sink_module
 from pystream.spark.sink import BATCH_ID, QUERY_ID, BatchWriter, SinkConfig, StreamWriter
 from pystream.super_stream import hash_route

@@ -14,7 +14,7 @@ from typing import IO, Any, NoReturn
 from urllib.parse import quote, urlsplit
 
 import pystream
-from pystream.ranges import stream_bounds
+from pystream.bounds import stream_bounds
 from pystream.tls import certificate_error, tls_context
 
 from .common import MANAGEMENT_PORT, MANAGEMENT_TLS_PORT, CliError, connect

@@ -18,13 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import pystream
-from pystream.ranges import (
-    StreamBounds,
-    last_chunk_start,
-    offset_at,
-    read_range,
-    stream_bounds,
-)
+from pystream.bounds import StreamBounds, last_chunk_start, offset_at, stream_bounds
+from pystream.ranges import read_range
 
 from .common import CliError, Emit, Start, connection_options
 

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ranges import (
-    BrokerRef,
-    OffsetRange,
-    StreamBounds,
-    plan_ranges,
-    read_range,
-    split_ranges,
-    stream_bounds,
-)
+from ..bounds import StreamBounds, stream_bounds
+from ..ranges import BrokerRef, OffsetRange, plan_ranges, read_range, split_ranges
 
 __all__ = ["BrokerRef", "OffsetRange", "StreamBounds", "plan_ranges",
            "read_range", "split_ranges", "stream_bounds",

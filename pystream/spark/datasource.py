@@ -73,6 +73,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .._core import schema as core_schema
+from ..bounds import stream_bounds
 from ..client import Client
 from ..errors import DataLoss, StreamDoesNotExist
 from ..ranges import (
@@ -86,7 +87,6 @@ from ..ranges import (
     resolve,
     split_ranges,
     start_offset,
-    stream_bounds,
 )
 from ..records import Filter as StreamFilter
 from .options import bool_option, broker_ref, int_option, normalize, source_filter

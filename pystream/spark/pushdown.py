@@ -35,8 +35,9 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
+from ..bounds import StreamBounds, offset_at
 from ..client import Client
-from ..ranges import OffsetRange, StreamBounds, offset_at
+from ..ranges import OffsetRange
 
 #: Past this many runs of ``offset IN (...)``, one span covers them all.
 MAX_POINT_RANGES = 100
