@@ -1,0 +1,210 @@
+"""Where a batch's time goes at a low rate: the stages of pystream's
+consumer between the wake-up and the batch in the application's hands.
+
+    .venv/bin/python -m bench.latency_stages                     # 1 k msg/s, 3 runs of 10 s
+    .venv/bin/python -m bench.latency_stages --rate 10000 --repeat 5
+
+A publisher in its own process sends at ``--rate`` as ``bench_latency``'s
+does (paced in 1 ms ticks, 100-byte bodies); this process consumes with
+``client.consumer(stream, offset="next")`` and its defaults, iterating
+batches, and times each batch whose chunk its own thread read:
+
+* ``wake``: the turn's ``poll`` returned, to the read beginning;
+* ``receive``: the ``recv`` that brought the frame's start, and the wait
+  for its rest (the broker writes a Deliver's header, then sends the
+  chunk's records with ``sendfile``);
+* ``drain``: the frame parsed, the chunk's CRC checked, decoded into Arrow
+  columns and queued, with its admission and credit (``Connection._drain``);
+* ``hand``: from the queue to the batch in the application's hands (the
+  position, the credit, the metrics, the turn lent);
+* ``back``: from the batch handed to the next ``poll`` (after the handing:
+  the application's time, and the consumer's bookkeeping).
+
+Each stage in wall time and in the thread's CPU time (``thread_time_ns``,
+a system call: each stamp adds about a microsecond), medians and tails
+over the runs' batches, the first ``--warmup`` seconds left out. The
+summary goes to ``bench/results/profiles/latency-stages-<rate>.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bench import bench_latency, cpu_class, harness
+
+STREAM = "bench-latency-stages"
+STAGES = ("wake", "receive", "drain", "hand", "back")
+# The stamps, in the order one batch passes them: poll returned, read
+# began, drain began, drain ended, batch handed, next poll called.
+STAMPS = ("poll", "read", "drain0", "drain1", "hand", "next")
+
+
+class Stamps:
+    """The two clocks at each point a batch passes, in one thread only."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.at: dict[str, tuple[int, int]] = {}
+        self.rows: list[tuple[tuple[int, int], ...]] = []
+        self.queued = 0  # batches of chunks another read had brought
+
+    def stamp(self, name: str) -> None:
+        # The first poll called after a batch was handed, the last of the
+        # rest (a read may be woken for nothing, or bring no chunk).
+        if threading.get_ident() == self.thread and not (
+                name == "next_poll" and name in self.at):
+            self.at[name] = (time.perf_counter_ns(), time.thread_time_ns())
+
+    def wrap(self, cls: type, method: str, before: str | None, after: str | None) -> None:
+        original: Callable[..., Any] = getattr(cls, method)
+        stamp = self.stamp
+
+        def timed(obj: object, *args: Any, **kw: Any) -> Any:
+            if before:
+                stamp(before)
+            try:
+                return original(obj, *args, **kw)
+            finally:
+                if after:
+                    stamp(after)
+        setattr(cls, method, timed)
+
+    def handed(self, previous: dict[str, tuple[int, int]] | None) -> None:
+        """The batch is in the application's hands; ``previous`` holds the
+        stamps of the batch before (its ``next`` is known now)."""
+        self.stamp("hand")
+        at, self.at = self.at, {}
+        if previous is not None and "next_poll" in at:
+            previous["next"] = at.pop("next_poll")
+        order = [at[n][0] for n in STAMPS[:5] if n in at]
+        if len(order) == 5 and order == sorted(order):
+            at["complete"] = (1, 1)
+        else:
+            self.queued += 1
+        self.last = at
+
+
+def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
+    import pystream
+    from pystream import connection, readturn, receiver
+
+    harness.admin(uri, lambda a: (a.delete_stream(STREAM, missing_ok=True),
+                                  a.create_stream(STREAM)))
+    stamps = Stamps()
+    saved = {(cls, m): getattr(cls, m) for cls, m in (
+        (readturn.ReadTurn, "poll"), (receiver.Receiver, "_read_once"),
+        (connection.Connection, "_drain"))}
+    stamps.wrap(readturn.ReadTurn, "poll", "next_poll", "poll")
+    stamps.wrap(receiver.Receiver, "_read_once", "read", None)
+    stamps.wrap(connection.Connection, "_drain", "drain0", "drain1")
+    done: list[dict] = []
+    expect = int(rate * seconds) + 1
+    try:
+        with pystream.connect(uri) as client, client.consumer(STREAM, offset="next") as consumer:
+            publisher = threading.Thread(target=lambda: done.append(harness.run_child(
+                [*harness.self_cmd(bench_latency.__spec__), "--uri", uri, "--child",
+                 "publisher", "--stream", STREAM, "--warmup", "0", "--stall", "60",
+                 "--size", "100", "--rate", str(rate), "--seconds", str(seconds),
+                 "--tick-ms", "1"], seconds + 120, uri)))
+            publisher.start()
+            rows = batches = 0
+            records: list[dict] = []
+            cpu0 = time.process_time()
+            t0 = time.monotonic()
+            first: float | None = None
+            previous: dict[str, tuple[int, int]] | None = None
+            for batch in consumer:
+                stamps.handed(previous)
+                rows += batch.num_rows
+                batches += 1
+                now = time.monotonic()
+                first = now if first is None else first
+                previous = stamps.last
+                if now - first >= warmup:
+                    records.append(previous)
+                if rows >= expect:
+                    break
+            cpu = time.process_time() - cpu0
+            wall = time.monotonic() - t0
+            publisher.join()
+    finally:
+        for (cls, m), f in saved.items():
+            setattr(cls, m, f)
+        harness.admin(uri, lambda a: a.delete_stream(STREAM, missing_ok=True))
+    if done and "error" in done[0]:
+        raise SystemExit(f"publisher: {done[0]['error']}")
+    whole = [r for r in records if "complete" in r and "next" in r]
+    out: dict[str, Any] = {"batches": batches, "rows": rows, "measured": len(records),
+                           "timed": len(whole), "cpu_per_batch_us": cpu / batches * 1e6,
+                           "cpu_share": cpu / wall}
+    for clock in (0, 1):
+        for i, stage in enumerate(STAGES):
+            a, b = STAMPS[i], STAMPS[i + 1]
+            out.setdefault(stage, {})["wall" if clock == 0 else "cpu"] = [
+                (r[b][clock] - r[a][clock]) / 1e3 for r in whole]
+    return out
+
+
+def summary(runs: list[dict], rate: int, info: dict, args: argparse.Namespace) -> str:
+    lines = [f"# pystream's consumer at {rate:,} msg/s: where a batch's time goes", "",
+             f"commit {info['commit'][:12]}, {info['date']}, {info['cpu_class']}, "
+             f"{info['cores']} cores, python {info['python']}, broker {info['broker']}",
+             f"{len(runs)} runs of {args.seconds:g} s, the first {args.warmup:g} s left out; "
+             "batches whose chunk this thread read, medians and tails over all runs "
+             "(microseconds)", ""]
+    timed = sum(r["timed"] for r in runs)
+    measured = sum(r["measured"] for r in runs)
+    lines.append(f"batches timed: {timed} of {measured} ({measured - timed} were of chunks "
+                 "queued by an earlier read, or lost a stamp)")
+    lines.append("rows per batch: " + ", ".join(f"{r['rows'] / r['batches']:.2f}" for r in runs))
+    lines.append("consumer CPU per batch (the process): "
+                 + ", ".join(f"{r['cpu_per_batch_us']:.0f} us" for r in runs)
+                 + "; CPU share: " + ", ".join(f"{r['cpu_share']:.1%}" for r in runs))
+    lines += ["", "| stage | wall p50 | wall p90 | wall p99 | CPU p50 | CPU p90 | CPU mean |",
+              "|---|---|---|---|---|---|---|"]
+    for stage in STAGES:
+        wall = np.concatenate([r[stage]["wall"] for r in runs])
+        cpu = np.concatenate([r[stage]["cpu"] for r in runs])
+        w50, w90, w99 = np.percentile(wall, [50, 90, 99])
+        c50, c90 = np.percentile(cpu, [50, 90])
+        lines.append(f"| {stage} | {w50:.0f} | {w90:.0f} | {w99:.0f} | {c50:.0f} | "
+                     f"{c90:.0f} | {cpu.mean():.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--uri", default=harness.DEFAULT_URI)
+    ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--warmup", type=float, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", help="the summary's path (default: bench/results/profiles/"
+                                  "latency-stages-<rate>.txt)")
+    args = ap.parse_args()
+    info = harness.machine(args.uri)
+    runs = []
+    for i in range(args.repeat):
+        runs.append(run_once(args.uri, args.rate, args.seconds, args.warmup))
+        r = runs[-1]
+        print(f"run {i + 1}: {r['batches']} batches, {r['rows']} rows, "
+              f"{r['cpu_per_batch_us']:.0f} us CPU per batch", flush=True)
+    text = summary(runs, args.rate, info, args)
+    print(text)
+    emulation = cpu_class.chosen()
+    path = args.out or str(harness.RESULTS / "profiles" / (
+        f"latency-stages-{args.rate // 1000}k"
+        f"{'-' + emulation.name if emulation else ''}.txt"))
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"summary written to {path}")
+
+
+if __name__ == "__main__":
+    main()
