@@ -22,13 +22,20 @@ batches, and times each batch whose chunk its own thread read:
 
 Each stage in wall time and in the thread's CPU time (``thread_time_ns``,
 a system call: each stamp adds about a microsecond), medians and tails
-over the runs' batches, the first ``--warmup`` seconds left out. The
-summary goes to ``bench/results/profiles/latency-stages-<rate>.txt``.
+over the runs' batches, the first ``--warmup`` seconds left out.
+
+Beside the stages, each batch's latency (its first record's send time to
+the batch handed) and the time this thread waited on a run queue, ready
+but not running (the kernel's ``schedstat``, read once per batch): for the
+slowest batches, how much of their latency was this thread's and how much
+came before the chunk reached its socket. The summary goes to
+``bench/results/profiles/latency-stages-<rate>.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +60,12 @@ class Stamps:
         self.at: dict[str, tuple[int, int]] = {}
         self.rows: list[tuple[tuple[int, int], ...]] = []
         self.queued = 0  # batches of chunks another read had brought
+        # This thread's own (opened by it): the second field is the time
+        # it was ready to run and waited for a core.
+        self.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+
+    def run_delay(self) -> int:
+        return int(os.pread(self.schedstat, 64, 0).split()[1])
 
     def stamp(self, name: str) -> None:
         # The first poll called after a batch was handed, the last of the
@@ -80,6 +93,7 @@ class Stamps:
         stamps of the batch before (its ``next`` is known now)."""
         self.stamp("hand")
         at, self.at = self.at, {}
+        at["when"] = (time.monotonic_ns(), self.run_delay())
         if previous is not None and "next_poll" in at:
             previous["next"] = at.pop("next_poll")
         order = [at[n][0] for n in STAMPS[:5] if n in at]
@@ -115,6 +129,7 @@ def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
             publisher.start()
             rows = batches = 0
             records: list[dict] = []
+            heads: list[Any] = []  # the batches measured, read once the run is over
             cpu0 = time.process_time()
             t0 = time.monotonic()
             first: float | None = None
@@ -128,12 +143,14 @@ def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
                 previous = stamps.last
                 if now - first >= warmup:
                     records.append(previous)
+                    heads.append(batch)
                 if rows >= expect:
                     break
             cpu = time.process_time() - cpu0
             wall = time.monotonic() - t0
             publisher.join()
     finally:
+        os.close(stamps.schedstat)
         for (cls, m), f in saved.items():
             setattr(cls, m, f)
         harness.admin(uri, lambda a: a.delete_stream(STREAM, missing_ok=True))
@@ -143,12 +160,35 @@ def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
     out: dict[str, Any] = {"batches": batches, "rows": rows, "measured": len(records),
                            "timed": len(whole), "cpu_per_batch_us": cpu / batches * 1e6,
                            "cpu_share": cpu / wall}
+    out.update(waits(records, heads))
     for clock in (0, 1):
         for i, stage in enumerate(STAGES):
             a, b = STAMPS[i], STAMPS[i + 1]
             out.setdefault(stage, {})["wall" if clock == 0 else "cpu"] = [
                 (r[b][clock] - r[a][clock]) / 1e3 for r in whole]
     return out
+
+
+def waits(records: list[dict], batches: list[Any]) -> dict:
+    """Each measured batch's latency (ms) and this thread's run-queue wait
+    within it (ms), the end marker left out."""
+    import pyarrow as pa
+    sent = []
+    for batch in batches:
+        body = batch.column("body").cast(pa.binary())
+        _, offsets, data = body.buffers()
+        start = int(np.frombuffer(offsets, np.int32, 1, body.offset * 4)[0])
+        sent.append(int(np.frombuffer(data, "<i8", 1, start)[0]))
+    keep = np.array(sent) != bench_latency.MARKER
+    when = np.array([r["when"][0] for r in records], np.int64)[keep]
+    delay = np.array([r["when"][1] for r in records], np.int64)[keep]
+    latency = when - np.array(sent, np.int64)[keep]
+    # The wait since the last batch handed before this batch's first
+    # record was sent (the whole window, when it reaches back past it).
+    before = np.maximum(np.searchsorted(when, when - latency) - 1, 0)
+    return {"latency_ms": (latency / 1e6).tolist(),
+            "waited_ms": ((delay - delay[before]) / 1e6).tolist(),
+            "wait_per_batch_us": (np.diff(delay) / 1e3).tolist()}
 
 
 def summary(runs: list[dict], rate: int, info: dict, args: argparse.Namespace) -> str:
@@ -175,6 +215,21 @@ def summary(runs: list[dict], rate: int, info: dict, args: argparse.Namespace) -
         c50, c90 = np.percentile(cpu, [50, 90])
         lines.append(f"| {stage} | {w50:.0f} | {w90:.0f} | {w99:.0f} | {c50:.0f} | "
                      f"{c90:.0f} | {cpu.mean():.0f} |")
+    latency = np.concatenate([r["latency_ms"] for r in runs])
+    waited = np.concatenate([r["waited_ms"] for r in runs])
+    per_batch = np.concatenate([r["wait_per_batch_us"] for r in runs])
+    slow = latency >= np.percentile(latency, 99)
+    l50, l99 = np.percentile(latency, [50, 99])
+    q50, q90, q99 = np.percentile(per_batch, [50, 90, 99])
+    lines += ["", f"batch latency (its first record's send to the batch handed): "
+              f"p50 {l50:.2f} ms, p99 {l99:.2f} ms",
+              f"this thread's wait on a run queue (ready, not running), per batch: "
+              f"p50 {q50:.0f} us, p90 {q90:.0f} us, p99 {q99:.0f} us",
+              f"the slowest 1 % of batches ({slow.sum()}): latency median "
+              f"{np.median(latency[slow]):.2f} ms, of which this thread waited on a run "
+              f"queue {np.median(waited[slow]):.2f} ms (median; mean "
+              f"{waited[slow].mean():.2f} of {latency[slow].mean():.2f} ms); the rest "
+              "passed before the chunk reached the socket, or with this thread running"]
     return "\n".join(lines) + "\n"
 
 
