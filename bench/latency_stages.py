@@ -38,6 +38,7 @@ import argparse
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,31 @@ class Stamps:
         self.last = at
 
 
+# A measured batch's row in ``Records``: each of STAMPS' two clocks, then
+# the hand-over's monotonic time and run-queue total, then whether its
+# stamps came in order (-1: a stamp it did not pass).
+ROW = 2 * len(STAMPS) + 3
+
+
+class Records:
+    """The measured batches' stamps, in an ``array``: kept as the dicts
+    ``Stamps`` makes, each batch would leave some eight more objects for
+    the garbage collector to track, and its collections stop the thread
+    being measured (the summary counts those that happened)."""
+
+    def __init__(self) -> None:
+        self.rows = array("q")
+
+    def add(self, at: dict[str, tuple[int, int]]) -> None:
+        """The batch's stamps, once its ``next`` is known."""
+        for name in STAMPS:
+            self.rows.extend(at.get(name, (-1, -1)))
+        self.rows.extend((*at["when"], 1 if "complete" in at else 0))
+
+    def table(self) -> np.ndarray:
+        return np.frombuffer(self.rows, np.int64).reshape(-1, ROW)
+
+
 def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
     import pystream
     from pystream import connection, readturn, receiver
@@ -126,28 +152,38 @@ def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
                  "publisher", "--stream", STREAM, "--warmup", "0", "--stall", "60",
                  "--size", "100", "--rate", str(rate), "--seconds", str(seconds),
                  "--tick-ms", "1"], seconds + 120, uri)))
+            bench_latency.settle_heap()
             publisher.start()
             rows = batches = 0
-            records: list[dict] = []
+            records = Records()
             heads: list[Any] = []  # the batches measured, read once the run is over
+            # The measured batch waits for the next one's stamps.
+            waiting: dict[str, tuple[int, int]] | None = None
+            pauses = bench_latency.GcPauses()
             cpu0 = time.process_time()
             t0 = time.monotonic()
             first: float | None = None
             previous: dict[str, tuple[int, int]] | None = None
             for batch in consumer:
                 stamps.handed(previous)
+                if waiting is not None:
+                    records.add(waiting)
+                    waiting = None
                 rows += batch.num_rows
                 batches += 1
                 now = time.monotonic()
                 first = now if first is None else first
                 previous = stamps.last
                 if now - first >= warmup:
-                    records.append(previous)
+                    waiting = previous
                     heads.append(batch)
                 if rows >= expect:
                     break
             cpu = time.process_time() - cpu0
             wall = time.monotonic() - t0
+            collected = pauses.stop()
+            if waiting is not None:
+                records.add(waiting)
             publisher.join()
     finally:
         os.close(stamps.schedstat)
@@ -156,20 +192,21 @@ def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
         harness.admin(uri, lambda a: a.delete_stream(STREAM, missing_ok=True))
     if done and "error" in done[0]:
         raise SystemExit(f"publisher: {done[0]['error']}")
-    whole = [r for r in records if "complete" in r and "next" in r]
-    out: dict[str, Any] = {"batches": batches, "rows": rows, "measured": len(records),
+    table = records.table()
+    whole = table[(table[:, -1] == 1) & (table[:, 2 * (len(STAMPS) - 1)] >= 0)]
+    out: dict[str, Any] = {"batches": batches, "rows": rows, "measured": len(table),
                            "timed": len(whole), "cpu_per_batch_us": cpu / batches * 1e6,
-                           "cpu_share": cpu / wall}
-    out.update(waits(records, heads))
+                           "cpu_share": cpu / wall, **collected}
+    out.update(waits(table, heads))
     for clock in (0, 1):
         for i, stage in enumerate(STAGES):
-            a, b = STAMPS[i], STAMPS[i + 1]
-            out.setdefault(stage, {})["wall" if clock == 0 else "cpu"] = [
-                (r[b][clock] - r[a][clock]) / 1e3 for r in whole]
+            a, b = 2 * i + clock, 2 * (i + 1) + clock
+            out.setdefault(stage, {})["wall" if clock == 0 else "cpu"] = (
+                (whole[:, b] - whole[:, a]) / 1e3).tolist()
     return out
 
 
-def waits(records: list[dict], batches: list[Any]) -> dict:
+def waits(table: np.ndarray, batches: list[Any]) -> dict:
     """Each measured batch's latency (ms) and this thread's run-queue wait
     within it (ms), the end marker left out."""
     import pyarrow as pa
@@ -180,8 +217,8 @@ def waits(records: list[dict], batches: list[Any]) -> dict:
         start = int(np.frombuffer(offsets, np.int32, 1, body.offset * 4)[0])
         sent.append(int(np.frombuffer(data, "<i8", 1, start)[0]))
     keep = np.array(sent) != bench_latency.MARKER
-    when = np.array([r["when"][0] for r in records], np.int64)[keep]
-    delay = np.array([r["when"][1] for r in records], np.int64)[keep]
+    when = table[:, -3][keep]
+    delay = table[:, -2][keep]
     latency = when - np.array(sent, np.int64)[keep]
     # The wait since the last batch handed before this batch's first
     # record was sent (the whole window, when it reaches back past it).
@@ -203,6 +240,9 @@ def summary(runs: list[dict], rate: int, info: dict, args: argparse.Namespace) -
     lines.append(f"batches timed: {timed} of {measured} ({measured - timed} were of chunks "
                  "queued by an earlier read, or lost a stamp)")
     lines.append("rows per batch: " + ", ".join(f"{r['rows'] / r['batches']:.2f}" for r in runs))
+    lines.append("garbage collections while measuring: "
+                 + ", ".join(f"{r['gc_collections']} (longest {r['gc_pause_max_ms']:.2f} ms)"
+                             for r in runs))
     lines.append("consumer CPU per batch (the process): "
                  + ", ".join(f"{r['cpu_per_batch_us']:.0f} us" for r in runs)
                  + "; CPU share: " + ", ".join(f"{r['cpu_share']:.1%}" for r in runs))

@@ -119,6 +119,25 @@ def latency_section(res: dict, named: bool) -> str:
                        f"{st['episodes']:g} | {st['stalled_share']:.2%} | "
                        f"{st['top1_stalled_share']:.0%} | {st['longest_ms']:.1f} ms |")
             last = r
+    collected = [(r, name, c["label"], [run for run in c.get("runs", [])
+                                        if "gc_collections" in run])
+                 for r, by in res["rates"].items() for name, c in by.items()]
+    collected = [row for row in collected if row[3]]
+    if collected:
+        out += ["", "Cyclic garbage collections in each Python consumer's process "
+                "while it measured (each collected and froze its start-up heap "
+                "before the publisher began): a collection stops the thread "
+                "that reads:", "",
+                "| rate | consumer | collections per run | longest pause |",
+                "|---|---|---|---|"]
+        last = None
+        for r, name, label, runs in collected:
+            shown = f"**{label}**" if name == "pystream" else label
+            per_run = ", ".join(str(run["gc_collections"]) for run in runs)
+            longest = max(run["gc_pause_max_ms"] for run in runs)
+            out.append(f"| {count(int(r)) + ' msg/s' if r != last else ''} | {shown} | "
+                       f"{per_run} | {longest:.2f} ms |")
+            last = r
     out += ["", "Targets, as measured (medians of the runs' p99; \"below\" a peer is met only "
             "where the runs show it at 5 %: run by run, by a sign test, where the clients "
             "read together, else by a one-sided Mann-Whitney U test over the runs' p99s; "

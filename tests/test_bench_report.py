@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 from pathlib import Path
@@ -365,3 +366,22 @@ def test_latency_of_each_cpu_class_has_its_own_section(monkeypatch, tmp_path):
     targets = [x for x in report.targets_block().splitlines() if x.startswith("- latency")]
     assert targets and all("x86-64" in x for x in targets)
     assert sum("AVX2+PCLMUL" in x for x in targets) == len(targets) // 2
+
+
+def test_garbage_collections_of_each_consumer_are_rendered():
+    """A latency run that counted each Python consumer's collections shows
+    them per run beside the longest pause; one stored before says nothing
+    of them rather than zero."""
+    from bench.report_latency import latency_section
+    stored = Path(__file__).parent.parent / "bench" / "results"
+    counted = json.loads((stored / "latency.x86-64-avx-512-vpclmul.json").read_text())
+    text = latency_section(counted, named=False)
+    table = text.split("Cyclic garbage collections", 1)[1].split("Targets", 1)[0]
+    for run_counts in (r["gc_collections"] for r in counted["rates"]["1000"]["pystream"]["runs"]):
+        assert str(run_counts) in table
+    assert "| 1 k msg/s | **pystream** |" in table
+    assert "C reference" not in table  # a C process has no collector
+    before = json.loads((stored / "latency.json").read_text())
+    assert not any("gc_collections" in run for by in before["rates"].values()
+                   for c in by.values() for run in c.get("runs", []))
+    assert "Cyclic garbage collections" not in latency_section(before, named=False)
