@@ -449,8 +449,8 @@ def settle_heap() -> None:
     subscription) and move what survives out of the collector's sight, in
     every consumer alike before the publisher starts: left as it is, the
     start-up's pending counts bring one full collection over that heap
-    into the measured window (15 to 22 ms with rbfly's and pystream's
-    imports), which a service running for days paid once, long ago.
+    into the measured window, which a service running for days paid
+    once, long ago.
     Collections during the run still happen and are counted (``GcPauses``)."""
     gc.collect()
     gc.freeze()
