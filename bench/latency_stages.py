@@ -109,6 +109,7 @@ class Stamps:
 # the hand-over's monotonic time and run-queue total, then whether its
 # stamps came in order (-1: a stamp it did not pass).
 ROW = 2 * len(STAMPS) + 3
+NEXT, WHEN, RUN_DELAY, IN_ORDER = 2 * STAMPS.index("next"), ROW - 3, ROW - 2, ROW - 1
 
 
 class Records:
@@ -193,7 +194,7 @@ def run_once(uri: str, rate: int, seconds: float, warmup: float) -> dict:
     if done and "error" in done[0]:
         raise SystemExit(f"publisher: {done[0]['error']}")
     table = records.table()
-    whole = table[(table[:, -1] == 1) & (table[:, 2 * (len(STAMPS) - 1)] >= 0)]
+    whole = table[(table[:, IN_ORDER] == 1) & (table[:, NEXT] >= 0)]
     out: dict[str, Any] = {"batches": batches, "rows": rows, "measured": len(table),
                            "timed": len(whole), "cpu_per_batch_us": cpu / batches * 1e6,
                            "cpu_share": cpu / wall, **collected}
@@ -217,8 +218,8 @@ def waits(table: np.ndarray, batches: list[Any]) -> dict:
         start = int(np.frombuffer(offsets, np.int32, 1, body.offset * 4)[0])
         sent.append(int(np.frombuffer(data, "<i8", 1, start)[0]))
     keep = np.array(sent) != bench_latency.MARKER
-    when = table[:, -3][keep]
-    delay = table[:, -2][keep]
+    when = table[:, WHEN][keep]
+    delay = table[:, RUN_DELAY][keep]
     latency = when - np.array(sent, np.int64)[keep]
     # The wait since the last batch handed before this batch's first
     # record was sent (the whole window, when it reaches back past it).
